@@ -1,0 +1,5 @@
+"""`python -m gpud` is `gpud`."""
+
+from gpud.cli import main
+
+main()

@@ -1,0 +1,164 @@
+"""Who may talk to a daemon: the authorized-keys file and the ZAP authenticator.
+
+`<state-dir>/authorized_keys.json` maps client public keys to a role. The authenticator
+consults it on every CURVE handshake (re-reading the file when it changed, so
+`gpuctl keys authorize` needs no restart) and labels each connection `role:name`; zmq
+then stamps that label as `User-Id` on every message from the connection, which is how
+the control loop knows the caller's role without any per-message cost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import zmq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from zmq.auth.thread import ThreadAuthenticator
+
+from gpud.keys import KeyFileError, check_public_key
+from gpud.paths import atomic_write, exclusive
+from gpud.protocol import Role
+
+log = logging.getLogger("gpud.auth")
+
+AUTHORIZED_KEYS = "authorized_keys.json"
+#: The ZAP domain of every gpud socket; the authenticator serves this domain only.
+ZAP_DOMAIN = "gpud"
+
+
+class AuthorizedKey(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    key: str = Field(description="z85 CURVE public key of the client")
+    role: Role
+    name: str = Field(description="who the key belongs to, for logs and the audit trail")
+    added: float = Field(default_factory=time.time)
+
+
+class AuthorizedKeys(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    keys: list[AuthorizedKey] = Field(default_factory=list)
+
+
+def authorized_keys_path(state_dir: Path) -> Path:
+    return state_dir / AUTHORIZED_KEYS
+
+
+def read_authorized_keys(path: Path) -> AuthorizedKeys:
+    """Missing file → no keys. A corrupt file is an error, never silently 'no keys'."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return AuthorizedKeys()
+    try:
+        return AuthorizedKeys.model_validate_json(data)
+    except ValidationError as exc:
+        raise KeyFileError(
+            f"{path} is not a valid authorized-keys file: {exc.errors()[0]['msg']}"
+        ) from None
+
+
+def authorize(state_dir: Path, key: str, role: Role, name: str) -> bool:
+    """Authorize `key` with `role` (replacing its earlier role). Returns True if changed."""
+    key = check_public_key(key).decode()
+    path = authorized_keys_path(state_dir)
+    with exclusive(path):
+        current = read_authorized_keys(path)
+        kept = [k for k in current.keys if k.key != key]
+        old = next((k for k in current.keys if k.key == key), None)
+        if old is not None and old.role == role and old.name == name:
+            return False
+        kept.append(AuthorizedKey(key=key, role=role, name=name))
+        atomic_write(path, AuthorizedKeys(keys=kept).model_dump_json(indent=2).encode())
+    return True
+
+
+def revoke(state_dir: Path, key: str) -> bool:
+    """Remove `key`; returns False when it was not authorized."""
+    key = check_public_key(key).decode()
+    path = authorized_keys_path(state_dir)
+    with exclusive(path):
+        current = read_authorized_keys(path)
+        kept = [k for k in current.keys if k.key != key]
+        if len(kept) == len(current.keys):
+            return False
+        atomic_write(path, AuthorizedKeys(keys=kept).model_dump_json(indent=2).encode())
+    return True
+
+
+class KeyRing:
+    """The authorized keys, re-read when the file changes. Safe to call from any thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._by_key: dict[str, AuthorizedKey] = {}
+        self._reload_if_changed()  # now: a corrupt file fails at start-up, not at first client
+
+    def _reload_if_changed(self) -> None:
+        try:
+            st = self.path.stat()
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._stamp:
+            return
+        keys = read_authorized_keys(self.path)
+        self._by_key = {k.key: k for k in keys.keys}
+        self._stamp = stamp
+        log.info("authorized keys loaded: %d key(s) from %s", len(self._by_key), self.path)
+
+    def lookup(self, z85_key: str) -> AuthorizedKey | None:
+        with self._lock:
+            try:
+                self._reload_if_changed()
+            except KeyFileError as exc:
+                # Keep serving with the keys we had; a broken edit must not lock everyone out.
+                log.error("%s; keeping the previously loaded keys", exc)
+            return self._by_key.get(z85_key)
+
+
+class _CredentialsProvider:
+    def __init__(self, ring: KeyRing) -> None:
+        self._ring = ring
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        entry = self._ring.lookup(key.decode("ascii", errors="replace"))
+        if entry is None:
+            log.warning("refused a client key not in %s: %s…", self._ring.path, key[:8].decode())
+        return entry is not None
+
+
+class RoleAuthenticator(ThreadAuthenticator):
+    """ZAP handler: only keys in the ring get in; their User-Id is `role:name`."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], ring: KeyRing) -> None:
+        super().__init__(context, log=logging.getLogger("gpud.zap"))
+        self._ring = ring
+
+    def start(self) -> None:
+        super().start()
+        self.configure_curve_callback(
+            ZAP_DOMAIN, credentials_provider=_CredentialsProvider(self._ring)
+        )
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        z85 = zmq.utils.z85.encode(client_public_key).decode("ascii")
+        entry = self._ring.lookup(z85)
+        return f"{entry.role.value}:{entry.name}" if entry else "unknown:"
+
+
+def parse_user_id(user_id: str | None) -> tuple[Role, str] | None:
+    """`role:name` from the ZAP handler → (role, name); None when it is not one of ours."""
+    if not user_id or ":" not in user_id:
+        return None
+    role_text, name = user_id.split(":", 1)
+    try:
+        return Role(role_text), name
+    except ValueError:
+        return None

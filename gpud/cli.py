@@ -1,0 +1,174 @@
+"""The `gpud` command: `serve` (the daemon), `stop`, `probe`, and `demo`.
+
+Exit codes of `gpud serve`: 0 stopped cleanly, 1 failed, 2 bad settings, 3 an address or
+the state dir is already in use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from gpud import __version__
+from gpud.daemon import EXIT_FAILURE, EXIT_USAGE, serve
+from gpud.frontend import run_click
+from gpud.settings import SERVE_CONFIG_ENV, SettingsError, build_settings, load_config_file
+from gpud.statedir import StateDir, held_by
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"gpud: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpud")
+def cli() -> None:
+    """gpud: the per-node daemon of gpud (GPU telemetry, run supervision)."""
+
+
+def main() -> None:
+    run_click(cli, "gpud")
+
+
+@cli.command("serve")
+@click.option(
+    "--control", envvar="GPUD_CONTROL_ADDR", help="Control address [tcp://127.0.0.1:7711]."
+)
+@click.option("--events", envvar="GPUD_EVENTS_ADDR", help="Events address [tcp://127.0.0.1:7712].")
+@click.option(
+    "--state-dir",
+    envvar="GPUD_STATE_DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Keys, database, run dirs [~/.local/state/gpud].",
+)
+@click.option("--node-name", envvar="GPUD_NODE_NAME", help="Name in topics and UIs [hostname].")
+@click.option("--interval", envvar="GPUD_INTERVAL", type=float, help="Seconds per snapshot [1].")
+@click.option(
+    "--simulate-gpus",
+    envvar="GPUD_SIMULATE_GPUS",
+    type=int,
+    help="Serve N simulated GPUs (flagged simulated everywhere).",
+)
+@click.option(
+    "--insecure",
+    envvar="GPUD_INSECURE",
+    is_flag=True,
+    help="No CurveZMQ; refused unless both addresses are loopback.",
+)
+@click.option("--log-level", envvar="GPUD_LOG_LEVEL", help="debug, info, warning, error [info].")
+@click.option(
+    "--config",
+    "config_file",
+    envvar=SERVE_CONFIG_ENV,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML file with the settings above [<config-dir>/gpud.yaml if present].",
+)
+@click.pass_context
+def serve_command(ctx: click.Context, /, config_file: Path | None, **flags: Any) -> None:
+    """Run the daemon in the foreground until SIGTERM or SIGINT."""
+    try:
+        values = load_config_file(config_file)
+        for name, value in flags.items():
+            if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+                values[name] = value
+        settings = build_settings(values)
+    except SettingsError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("gpud.zap").setLevel(logging.WARNING)
+    sys.exit(serve(settings))
+
+
+@cli.command("stop")
+@click.option(
+    "--state-dir",
+    envvar="GPUD_STATE_DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="State dir of the daemon to stop [~/.local/state/gpud].",
+)
+@click.option("--timeout", default=15.0, show_default=True, help="Seconds to wait for it.")
+def stop_command(state_dir: Path | None, timeout: float) -> None:
+    """Stop the daemon that holds a state dir (SIGTERM, then wait)."""
+    from gpud.paths import default_state_dir
+
+    state = StateDir(state_dir or default_state_dir())
+    pid = held_by(state.pid_file)
+    if pid is None:
+        _fail(f"no gpud is running with state dir {state.root}", EXIT_FAILURE)
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if held_by(state.pid_file) is None:
+            click.echo(f"stopped gpud pid {pid}")
+            return
+        time.sleep(0.1)
+    _fail(f"gpud pid {pid} did not stop within {timeout:g}s", EXIT_FAILURE)
+
+
+@cli.command("probe")
+@click.option("--simulate-gpus", type=int, help="Probe N simulated GPUs instead of NVML.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole snapshot as JSON.")
+def probe_command(simulate_gpus: int | None, as_json: bool) -> None:
+    """Sample this machine once, without a daemon, and say which fields are not available."""
+    from gpud.hardware.host import HostSampler
+    from gpud.hardware.node import NodeSampler, open_gpu_sampler
+    from gpud.settings import default_node_name
+
+    node = default_node_name()
+    gpus = open_gpu_sampler(simulate_gpus, node)
+    sampler = NodeSampler(node, gpus, HostSampler(), interval_s=1.0)
+    try:
+        sampler.sample()
+        time.sleep(1.0)  # rates and GPM metrics need two samples
+        snapshot = sampler.sample()
+    finally:
+        gpus.close()
+    if as_json:
+        click.echo(snapshot.model_dump_json(indent=2))
+        return
+    click.echo(
+        f"{snapshot.node}: backend {snapshot.backend}, driver {snapshot.driver_version}, "
+        f"CUDA {snapshot.cuda_driver_version}, {len(snapshot.gpus)} GPU(s)"
+        + (" [SIMULATED]" if snapshot.simulated else "")
+    )
+    for gpu in snapshot.gpus:
+        fields = gpu.model_dump()
+        missing = sorted(k for k, v in fields.items() if v is None)
+        present = sorted(k for k, v in fields.items() if v is not None)
+        click.echo(f"GPU {gpu.index} {gpu.name} ({gpu.uuid})")
+        click.echo(f"  available ({len(present)}): {', '.join(present)}")
+        click.echo(f"  not available ({len(missing)}): {', '.join(missing) or '-'}")
+    click.echo(json.dumps({"sample_ms": snapshot.sample_ms}))
+
+
+@cli.command("demo")
+@click.option(
+    "--state-dir",
+    envvar="GPUD_STATE_DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="State dir of the demo daemon [~/.local/state/gpud].",
+)
+@click.option(
+    "--simulate-gpus",
+    type=int,
+    help=f"Simulate N GPUs [{8} when NVML finds no GPU, else real ones].",
+)
+def demo_command(state_dir: Path | None, simulate_gpus: int | None) -> None:
+    """Start a local daemon in the background (if none runs) and show its hardware."""
+    from gpud.demo import run_demo
+    from gpud.paths import default_state_dir
+
+    run_demo((state_dir or default_state_dir()).expanduser().resolve(), simulate_gpus)

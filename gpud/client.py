@@ -1,0 +1,330 @@
+"""The one client of a gpud daemon: DEALER for requests, SUB for events, with timeouts.
+
+gpuctl and gputop both use it. A `NodeTarget` says where a daemon is and which server key
+is pinned for it; `Client` turns requests into typed replies and failures into two
+exception types a front end can map to exit codes: `Unreachable` (no answer, key refused,
+wrong pinned key) and `RequestFailed` (the daemon answered with an error).
+
+The socket monitor is what makes the failures precise: a CURVE handshake that the daemon
+rejects, or one that fails because the pinned key is wrong, is reported at once instead of
+ending in an anonymous timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TypeVar
+
+import zmq
+from pydantic import BaseModel, ValidationError
+from zmq.utils.monitor import parse_monitor_message
+
+from gpud.keys import KeyFileError, KeyPair, load_client_keypair
+from gpud.known_nodes import (
+    AddressError,
+    KnownNodes,
+    events_endpoint_for,
+    load_known_nodes,
+    parse_endpoint,
+)
+from gpud.protocol import (
+    METHODS,
+    AckEventsReply,
+    AckEventsRequest,
+    Empty,
+    ErrorCode,
+    Event,
+    Message,
+    NodeEventsReply,
+    NodeEventsRequest,
+    NodeInfo,
+    decode_event,
+    decode_reply,
+    encode_request,
+)
+from gpud.snapshot import NodeSnapshot
+
+DEFAULT_TIMEOUT_S = 5.0
+ReplyT = TypeVar("ReplyT", bound=BaseModel)
+
+
+class ClientError(Exception):
+    """Base of what a client call can raise; `str()` is one line for a person."""
+
+
+class ConfigError(ClientError):
+    """The client's own set-up is wrong (no key known for a node, bad address)."""
+
+
+class Unreachable(ClientError):
+    """The node did not answer, or refused our key, or its key is not the pinned one."""
+
+
+class RequestFailed(ClientError):
+    """The daemon answered with an error reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message} [{code}]")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class NodeTarget:
+    """Where a daemon is and how to authenticate to it."""
+
+    control: str
+    server_key: bytes | None  # None: the daemon runs --insecure
+    events: str | None = None
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.control.removeprefix("tcp://")
+
+
+def resolve_target(address: str, known: KnownNodes | None = None) -> NodeTarget:
+    """Turn `HOST:PORT` (or an endpoint) into a target with its pinned server key."""
+    try:
+        control = parse_endpoint(address)
+        known = known if known is not None else load_known_nodes()
+    except AddressError as exc:
+        raise ConfigError(str(exc)) from None
+    entry = known.find(control)
+    if entry is None:
+        raise ConfigError(
+            f"no server key is known for {address}: a local daemon records itself when it "
+            f"starts; for a remote one run `gpuctl keys trust {address} SERVER_KEY`"
+        )
+    if not entry.insecure and not entry.server_key:
+        raise ConfigError(f"the known-nodes entry for {address} has no server key")
+    return NodeTarget(
+        control=control,
+        server_key=None if entry.insecure else (entry.server_key or "").encode("ascii"),
+        events=entry.events,
+        name=entry.name,
+    )
+
+
+def _configure_curve(sock: zmq.Socket[bytes], target: NodeTarget, keys: KeyPair | None) -> None:
+    if target.server_key is None:
+        return
+    if keys is None or keys.secret is None:
+        raise ConfigError("no client key yet: create one with `gpuctl keys create`")
+    sock.curve_serverkey = target.server_key
+    sock.curve_publickey = keys.public
+    sock.curve_secretkey = keys.secret
+
+
+_monitor_ids = itertools.count()
+
+
+class _HandshakeWatch:
+    """Reads a socket's monitor and turns connection trouble into one sentence."""
+
+    def __init__(self, sock: zmq.Socket[bytes], target: NodeTarget) -> None:
+        self._target = target
+        address = f"inproc://gpud-monitor-{os.getpid()}-{next(_monitor_ids)}-{uuid.uuid4().hex}"
+        self.socket = sock.get_monitor_socket(addr=address)
+        self.connected = False
+        self.refused = False
+        self.fatal: str | None = None
+
+    def drain(self) -> None:
+        while self.socket.poll(0):
+            event = parse_monitor_message(self.socket.recv_multipart())["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.fatal = (
+                    f"{self._target.label} refused our key: it is not authorized there "
+                    "(run `gpuctl keys show` and ask its operator to `gpuctl keys authorize` it)"
+                )
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self._target.server_key:
+                self.fatal = (
+                    f"handshake with {self._target.label} failed: its key does not match the "
+                    "pinned server key (re-pin with `gpuctl keys trust`)"
+                )
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                mode = "without" if self._target.server_key is None else "with"
+                self.fatal = (
+                    f"{self._target.label} does not speak the protocol we tried ({mode} CURVE "
+                    "encryption): is it a gpud of this version, started the way nodes.json says?"
+                )
+            elif event == zmq.EVENT_CONNECT_RETRIED and not self.connected:
+                self.refused = True
+
+    def reason(self, timeout_s: float) -> str:
+        self.drain()
+        if self.fatal:
+            return self.fatal
+        if self.refused:
+            return f"nothing is listening at {self._target.label} (is gpud running there?)"
+        return f"{self._target.label} did not answer within {timeout_s:g}s"
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+class Client:
+    """Requests to one daemon. Not thread-safe: one Client per thread."""
+
+    def __init__(
+        self,
+        target: NodeTarget,
+        keys: KeyPair | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._ctx = context or zmq.Context.instance()
+        if keys is None and target.server_key is not None:
+            try:
+                keys = load_client_keypair()
+            except KeyFileError as exc:
+                raise ConfigError(str(exc)) from None
+        self._keys = keys
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.linger = 0
+        _configure_curve(self._sock, target, keys)
+        self._watch = _HandshakeWatch(self._sock, target)
+        self._sock.connect(target.control)
+        self._ids = itertools.count(1)
+        self._prefix = uuid.uuid4().hex[:8]
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._watch.socket, zmq.POLLIN)
+
+    # ----------------------------------------------------------------- requests
+
+    def call(
+        self, type_: str, body: Message | None = None, timeout_s: float | None = None
+    ) -> BaseModel:
+        """Send one request and wait for its reply; returns the reply body's model."""
+        method = METHODS.get(type_)
+        if method is None:
+            raise ConfigError(f"unknown request type {type_!r}")
+        request_id = f"{self._prefix}-{next(self._ids)}"
+        self._sock.send(encode_request(request_id, type_, body or Empty()))
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Unreachable(self._watch.reason(timeout))
+            ready = dict(self._poller.poll(max(1, int(remaining * 1000))))
+            if self._watch.socket in ready:
+                self._watch.drain()
+                if self._watch.fatal:
+                    raise Unreachable(self._watch.fatal)
+                if self._watch.refused and not self._watch.connected:
+                    raise Unreachable(self._watch.reason(timeout))
+            if self._sock in ready:
+                frame = self._sock.recv()
+                try:
+                    reply = decode_reply(frame)
+                except ValidationError:
+                    continue  # not a gpud reply; keep waiting for ours
+                if reply.id != request_id:
+                    continue  # a late reply to an earlier, timed-out request
+                if not reply.ok:
+                    error = reply.error
+                    raise RequestFailed(
+                        error.code if error else ErrorCode.INTERNAL.value,
+                        error.message if error else "the daemon reported an error",
+                    )
+                try:
+                    return method.reply.model_validate(reply.body)
+                except ValidationError as exc:
+                    raise RequestFailed(
+                        ErrorCode.INTERNAL.value,
+                        f"unexpected reply to {type_}: {exc.errors()[0]['msg']}",
+                    ) from None
+
+    def _typed(self, type_: str, model: type[ReplyT], body: Message | None = None) -> ReplyT:
+        result = self.call(type_, body)
+        if not isinstance(result, model):  # METHODS and this helper disagree: our bug
+            raise TypeError(f"{type_} replied {type(result).__name__}, expected {model.__name__}")
+        return result
+
+    def node_info(self) -> NodeInfo:
+        return self._typed("node.info", NodeInfo)
+
+    def node_hw(self) -> NodeSnapshot:
+        return self._typed("node.hw", NodeSnapshot)
+
+    def node_events(self, limit: int = 100, since: float | None = None) -> NodeEventsReply:
+        return self._typed(
+            "node.events", NodeEventsReply, NodeEventsRequest(limit=limit, since=since)
+        )
+
+    def ack_events(self, gpu_index: int | None = None) -> AckEventsReply:
+        return self._typed("node.events.ack", AckEventsReply, AckEventsRequest(gpu_index=gpu_index))
+
+    # ----------------------------------------------------------------- events
+
+    def subscribe(self, *prefixes: str) -> Subscription:
+        """A SUB socket on the daemon's events, filtered by topic prefixes (all if none)."""
+        events = self.target.events
+        if events is None:
+            events = events_endpoint_for(self.target.control, self.node_info().events)
+        return Subscription(self._ctx, self.target, events, self._keys, prefixes)
+
+    def close(self) -> None:
+        self._watch.close()
+        self._sock.close(linger=0)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Subscription:
+    """Events from one daemon. `recv()` returns None on timeout; garbage is skipped."""
+
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        target: NodeTarget,
+        endpoint: str,
+        keys: KeyPair | None,
+        prefixes: tuple[str, ...],
+        hwm: int = 10_000,
+    ) -> None:
+        self.endpoint = endpoint
+        self.socket = context.socket(zmq.SUB)
+        self.socket.linger = 0
+        self.socket.rcvhwm = hwm
+        _configure_curve(self.socket, target, keys)
+        for prefix in prefixes or ("",):
+            self.socket.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        self.socket.connect(endpoint)
+        self.dropped = 0
+
+    def recv(self, timeout_s: float) -> Event | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining < 0 or not self.socket.poll(max(0, int(remaining * 1000))):
+                return None
+            frames = self.socket.recv_multipart()
+            try:
+                return decode_event(frames)
+            except (ValidationError, ValueError, UnicodeDecodeError):
+                self.dropped += 1
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

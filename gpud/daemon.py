@@ -1,0 +1,354 @@
+"""The gpud daemon: lifecycle, sockets, and the loop that ties the services together.
+
+`Daemon.start()` does everything that can fail for a reason a person must fix (state dir in
+use, address in use, unreadable keys) before any client is told the daemon exists; `run()`
+then serves until SIGTERM/SIGINT, and `close()` closes sockets and flushes state. Signal
+handlers only set an event; all work happens on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import getpass
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from gpud import __version__
+from gpud.audit import AuditLog
+from gpud.auth import ZAP_DOMAIN, KeyRing, RoleAuthenticator, authorize, authorized_keys_path
+from gpud.control import Caller, ControlServer, Handler, configure_router
+from gpud.hardware.events import detect_events
+from gpud.hardware.host import HostSampler
+from gpud.hardware.node import NodeSampler, open_gpu_sampler
+from gpud.keys import (
+    SERVER_KEY,
+    KeyFileError,
+    load_or_create_client_keypair,
+    load_or_create_keypair,
+    server_key_dir,
+)
+from gpud.known_nodes import KnownNode, endpoint_host, events_endpoint_for, remember_node
+from gpud.protocol import (
+    PROTOCOL_VERSION,
+    AckEventsReply,
+    AckEventsRequest,
+    Message,
+    NodeEventsReply,
+    NodeEventsRequest,
+    NodeInfo,
+    Role,
+    hw_topic,
+    node_event_topic,
+)
+from gpud.publisher import EventPublisher, configure_pub
+from gpud.settings import ServeSettings
+from gpud.snapshot import NodeSnapshot
+from gpud.statedir import StateDir, StateDirBusy
+from gpud.store import Store
+
+log = logging.getLogger("gpud")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_IN_USE = 3
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to change."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _bind(sock: zmq.Socket[Any], address: str, flag: str) -> None:
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(
+                f"{flag} address {address} is already in use (another gpud?); "
+                f"stop it or pass another {flag}",
+                EXIT_IN_USE,
+            ) from None
+        raise StartupError(f"cannot bind {flag} {address}: {exc.strerror}", EXIT_USAGE) from None
+
+
+def _local_endpoint(bound: str) -> str:
+    """The address a local client uses for a socket bound to `bound`."""
+    if endpoint_host(bound) in ("0.0.0.0", "*", "::"):
+        return events_endpoint_for("tcp://127.0.0.1:0", bound)
+    return bound
+
+
+class Daemon:
+    def __init__(self, settings: ServeSettings, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self._clock = clock
+        self.state = StateDir(settings.state_dir)
+        self.started_at = clock()
+        self._ctx: zmq.asyncio.Context | None = None
+        self._auth: RoleAuthenticator | None = None
+        self._control_sock: zmq.asyncio.Socket | None = None
+        self._events_sock: zmq.asyncio.Socket | None = None
+        self._store: Store | None = None
+        self._audit: AuditLog | None = None
+        self._sampler: NodeSampler | None = None
+        self._publisher: EventPublisher | None = None
+        self._latest: NodeSnapshot | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpud-sampler")
+        self._stop = asyncio.Event()
+        self.server_public_key: bytes | None = None
+
+    # ------------------------------------------------------------------ start-up
+
+    def start(self) -> None:
+        s = self.settings
+        try:
+            self.state.acquire()
+        except StateDirBusy as exc:
+            raise StartupError(str(exc), EXIT_IN_USE) from None
+        except OSError as exc:
+            raise StartupError(
+                f"cannot use state dir {s.state_dir}: {exc.strerror}", EXIT_USAGE
+            ) from None
+        try:
+            self._start_locked()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_locked(self) -> None:
+        s = self.settings
+        secure = not s.insecure
+        ring: KeyRing | None = None
+        server_secret: bytes | None = None
+        if secure:
+            try:
+                key_dir = server_key_dir(self.state.root)
+                server, created = load_or_create_keypair(key_dir, SERVER_KEY)
+                if created:
+                    log.info("created server key in %s", key_dir)
+                self._authorize_local_user_on_first_start()
+                ring = KeyRing(authorized_keys_path(self.state.root))
+            except KeyFileError as exc:
+                raise StartupError(str(exc), EXIT_USAGE) from None
+            self.server_public_key, server_secret = server.public, server.secret
+        self._store = Store(self.state.database)
+        self._audit = AuditLog(self.state.audit_log)
+        self._ctx = zmq.asyncio.Context()
+        if ring is not None:
+            self._auth = RoleAuthenticator(self._ctx, ring)  # type: ignore[arg-type]
+            self._auth.start()
+        self._control_sock = self._make_socket(zmq.ROUTER, server_secret)
+        configure_router(self._control_sock)
+        self._events_sock = self._make_socket(zmq.PUB, server_secret)
+        configure_pub(self._events_sock)
+        _bind(self._control_sock, s.control, "--control")
+        _bind(self._events_sock, s.events, "--events")
+        self._publisher = EventPublisher(zmq.Socket.shadow(self._events_sock.underlying))
+        gpus = open_gpu_sampler(s.simulate_gpus, s.node_name, clock=self._clock)
+        self._sampler = NodeSampler(s.node_name, gpus, HostSampler(), s.interval, self._clock)
+        self._latest = self._sampler.sample()
+        self._register_locally()
+        kind = "simulated " if gpus.simulated else ""
+        log.info(
+            "ready: node %s, %d %sGPU(s) [%s], control %s, events %s, state %s%s",
+            s.node_name,
+            gpus.gpu_count(),
+            kind,
+            gpus.backend,
+            s.control,
+            s.events,
+            self.state.root,
+            "" if secure else " — INSECURE: no authentication (loopback only)",
+        )
+
+    def _make_socket(self, kind: int, server_secret: bytes | None) -> zmq.asyncio.Socket:
+        assert self._ctx is not None
+        sock = self._ctx.socket(kind)
+        if server_secret is not None:
+            sock.curve_server = True
+            sock.curve_secretkey = server_secret
+            sock.zap_domain = ZAP_DOMAIN.encode()
+        return sock
+
+    def _authorize_local_user_on_first_start(self) -> None:
+        path = authorized_keys_path(self.state.root)
+        if path.exists():
+            return  # the operator owns this file from now on; never re-add a revoked key
+        client, created = load_or_create_client_keypair()
+        name = f"{getpass.getuser()}@{socket.gethostname()}"
+        authorize(self.state.root, client.public_text, Role.OPERATOR, name)
+        log.info(
+            "authorized the local user's key (%s) as operator%s",
+            name,
+            " (created it)" if created else "",
+        )
+
+    def _register_locally(self) -> None:
+        s = self.settings
+        remember_node(
+            KnownNode(
+                control=_local_endpoint(s.control),
+                events=_local_endpoint(s.events),
+                server_key=self.server_public_key.decode() if self.server_public_key else None,
+                insecure=s.insecure,
+                name=s.node_name,
+                state_dir=str(self.state.root),
+            )
+        )
+
+    # ------------------------------------------------------------------ serving
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "node.info": self._node_info,
+            "node.hw": self._node_hw,
+            "node.events": self._node_events,
+            "node.events.ack": self._ack_events,
+        }
+
+    def _node_info(self, body: Message, caller: Caller) -> NodeInfo:
+        assert self._sampler is not None
+        gpus = self._latest.gpus if self._latest else []
+        names = {g.name for g in gpus}
+        return NodeInfo(
+            node=self.settings.node_name,
+            version=__version__,
+            protocol=PROTOCOL_VERSION,
+            pid=os.getpid(),
+            started_at=self.started_at,
+            uptime_s=round(self._clock() - self.started_at, 3),
+            control=self.settings.control,
+            events=self.settings.events,
+            backend=self._sampler.gpus.backend,
+            simulated=self._sampler.gpus.simulated,
+            gpu_count=len(gpus),
+            gpu_name=names.pop() if len(names) == 1 else ("mixed" if names else None),
+            secure=not self.settings.insecure,
+            role=caller.role,
+        )
+
+    def _node_hw(self, body: Message, caller: Caller) -> NodeSnapshot:
+        assert self._latest is not None
+        return self._latest
+
+    def _node_events(self, body: Message, caller: Caller) -> NodeEventsReply:
+        assert isinstance(body, NodeEventsRequest) and self._store is not None
+        return NodeEventsReply(events=self._store.node_events(body.limit, body.since))
+
+    def _ack_events(self, body: Message, caller: Caller) -> AckEventsReply:
+        assert isinstance(body, AckEventsRequest) and self._sampler is not None
+        cleared = self._sampler.gpus.acknowledge_xids(body.gpu_index)
+        log.info("%s acknowledged %d XID event(s)", caller.name, cleared)
+        return AckEventsReply(acknowledged=cleared)
+
+    async def _sample_forever(self) -> None:
+        assert self._sampler is not None and self._publisher is not None
+        loop = asyncio.get_running_loop()
+        interval = self.settings.interval
+        topic = hw_topic(self.settings.node_name)
+        event_topic = node_event_topic(self.settings.node_name)
+        next_at = loop.time()
+        while True:
+            next_at += interval
+            delay = next_at - loop.time()
+            if delay < 0:  # sampling fell behind: skip ticks instead of bursting
+                next_at = loop.time()
+            await asyncio.sleep(max(0.0, delay))
+            try:
+                snapshot = await loop.run_in_executor(self._executor, self._sampler.sample)
+            except Exception:
+                log.exception("sampling failed; will retry next interval")
+                continue
+            events = detect_events(self._latest, snapshot)
+            self._latest = snapshot
+            self._publisher.publish(topic, snapshot)
+            if events:
+                assert self._store is not None
+                self._store.add_node_events(events)
+                for event in events:
+                    log.warning("%s: %s", event.kind, event.message)
+                    self._publisher.publish(event_topic, event)
+
+    async def run(self) -> None:
+        """Serve until SIGTERM/SIGINT (or `request_stop()`)."""
+        assert self._control_sock is not None and self._audit is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig)
+        control = ControlServer(
+            self._control_sock, self.handlers(), self._audit, secure=not self.settings.insecure
+        )
+        tasks = [
+            asyncio.create_task(control.serve(), name="control"),
+            asyncio.create_task(self._sample_forever(), name="sampler"),
+        ]
+        stop = asyncio.create_task(self._stop.wait(), name="stop")
+        done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in [stop, *tasks]:
+            task.cancel()
+        await asyncio.gather(stop, *tasks, return_exceptions=True)
+        for task in done:
+            if task is not stop and not task.cancelled() and task.exception():
+                raise task.exception()  # type: ignore[misc]
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+    def request_stop(self, sig: int | None = None) -> None:
+        if sig is not None:
+            log.info("received %s; stopping", signal.Signals(sig).name)
+        self._stop.set()
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """Close sockets, stop threads, flush and release the state dir. Idempotent."""
+        for sock in (self._control_sock, self._events_sock):
+            if sock is not None and not sock.closed:
+                sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._sampler is not None:
+            self._sampler.gpus.close()
+            self._sampler = None
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._audit is not None:
+            self._audit.close()
+            self._audit = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        self.state.release()
+
+
+def serve(settings: ServeSettings) -> int:
+    """Run a daemon in the foreground; returns the process exit code."""
+    daemon = Daemon(settings)
+    try:
+        daemon.start()
+    except StartupError as exc:
+        log.error("%s", exc)
+        return exc.exit_code
+    try:
+        asyncio.run(daemon.run())
+    finally:
+        daemon.close()
+        log.info("stopped")
+    return EXIT_OK

@@ -1,0 +1,27 @@
+"""What every gpud command line shares: one-line usage errors and their exit code."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def run_click(command: click.Command, prog: str) -> None:
+    """Run a click command; usage errors become one line and exit 2, never a traceback."""
+    try:
+        command.main(prog_name=prog, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo(f"{prog}: aborted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        hint = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            hint = f" (see `{exc.ctx.command_path} --help`)"
+        click.echo(f"{prog}: error: {exc.format_message()}{hint}", err=True)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)

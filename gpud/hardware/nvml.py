@@ -1,0 +1,618 @@
+"""The real GPU sampler: NVIDIA's NVML through nvidia-ml-py (module `pynvml`).
+
+Owns every NVML call the daemon makes: opening and closing NVML, reading each GPU into a
+`GpuSample`, and the background thread that turns XID events into `XidTracker` records.
+Every call goes through `NvmlSampler._call`, which turns NVML errors into None (not
+available) and remembers lost GPUs, so one unsupported field never costs a sample. The
+NVML module is injected, so tests fake NVML at its lowest layer and nothing else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import psutil
+import pynvml
+
+from gpud.hardware.base import GpuSystemInfo
+from gpud.hardware.nvml_fields import (
+    as_bool,
+    as_int,
+    clock_event_reasons,
+    cuda_version,
+    field_value_number,
+    memory_bytes,
+    milliwatts_to_w,
+    text,
+)
+from gpud.hardware.rates import RateTracker
+from gpud.hardware.xid import XidTracker
+from gpud.snapshot import Backend, GpuProcess, GpuSample, NvLinkSample
+
+log = logging.getLogger("gpud.nvml")
+
+#: Error counters and modes change rarely and an operator reads them in seconds, not ms.
+HEALTH_TTL_S = 5.0
+#: The enforced limit changes only when someone runs `nvidia-smi -pl` or the board caps it.
+POWER_LIMIT_TTL_S = 30.0
+#: nvmlDeviceGetPcieThroughput blocks ~20 ms per call (it samples the link itself), so the
+#: fallback for GPUs without cumulative PCIe counters is read at most this often.
+PCIE_THROUGHPUT_TTL_S = 5.0
+#: How long one event-set wait blocks; close() takes at most about this long.
+XID_WAIT_MS = 500
+KIB = 1024
+
+T = TypeVar("T")
+_NO_GPM: tuple[float | None, float | None, float | None] = (None, None, None)
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used on this machine; the message says why in one line."""
+
+
+class _Cached(Generic[T]):
+    """The last value read, reused until it is `ttl_s` old on the sampler's clock."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._entry: tuple[float, T] | None = None
+
+    def get(self, now: float, read: Callable[[], T]) -> T:
+        if self._entry is None or not 0 <= now - self._entry[0] < self.ttl_s:
+            self._entry = (now, read())
+        return self._entry[1]
+
+
+@dataclass(frozen=True)
+class _Health:
+    """Modes and error counters of one GPU: read together, cached for HEALTH_TTL_S."""
+
+    persistence_mode: bool | None
+    mig_mode: bool | None
+    ecc_mode: bool | None
+    ecc_corrected_volatile: int | None
+    ecc_uncorrected_volatile: int | None
+    ecc_corrected_aggregate: int | None
+    ecc_uncorrected_aggregate: int | None
+    remapped_rows_correctable: int | None
+    remapped_rows_uncorrectable: int | None
+    remapped_rows_pending: bool | None
+    remapped_rows_failed: bool | None
+    pcie_replay_count: int | None
+    nvlinks: list[NvLinkSample] | None  # without throughput: that is read every sample
+
+
+@dataclass(eq=False)
+class _Gpu:
+    """What the sampler keeps per GPU: its handle, static facts read at open, and state."""
+
+    index: int
+    uuid: str  # a placeholder until NVML tells the real one
+    handle: Any = None
+    name: str = "unknown"
+    pci_bus_id: str | None = None
+    serial: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    memory_total_bytes: int | None = None
+    clock_sm_max_mhz: int | None = None
+    clock_mem_max_mhz: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width_max: int | None = None
+    nvlink_count: int | None = None  # None: no NVLink at all
+    gpm_buffers: list[Any] = field(default_factory=list)  # [previous, next]; []: no GPM
+    gpm_primed: bool = False  # `previous` holds a sample to diff against
+    lost: bool = False  # NVML said GPU_IS_LOST: never asked about this GPU again
+    health: _Cached[_Health] = field(default_factory=lambda: _Cached(HEALTH_TTL_S))
+    power_limit: _Cached[int | None] = field(default_factory=lambda: _Cached(POWER_LIMIT_TTL_S))
+    pcie_throughput: _Cached[tuple[float | None, float | None]] = field(
+        default_factory=lambda: _Cached(PCIE_THROUGHPUT_TTL_S)
+    )
+
+
+def process_name_of(pid: int) -> str | None:
+    """The OS name of `pid`; None when it is gone or not visible (another PID namespace)."""
+    try:
+        name: str = psutil.Process(pid).name()
+    except psutil.Error:
+        return None
+    return name
+
+
+class NvmlSampler:
+    """Samples every GPU NVML sees. Build it with `open()`; the constructor expects an
+    initialised NVML (`nvml.nvmlInit()` already called) and owns it from then on."""
+
+    backend: Backend = "nvml"
+    simulated = False
+
+    def __init__(
+        self,
+        nvml: Any = pynvml,
+        *,
+        clock: Callable[[], float] = time.time,
+        process_name: Callable[[int], str | None] = process_name_of,
+    ) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self._process_name = process_name
+        # Errors that only mean "this GPU or driver does not offer it": logged at debug.
+        self._expected_errors = {
+            nvml.NVML_ERROR_NOT_SUPPORTED,
+            nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+            nvml.NVML_ERROR_INVALID_ARGUMENT,
+        }
+        # pynvml raises NVMLLibraryMismatchError, not an NVMLError, from a few unversioned
+        # functions when the driver lacks the version pynvml maps them to.
+        self._errors = (nvml.NVMLError, getattr(nvml, "NVMLLibraryMismatchError", nvml.NVMLError))
+        self._logged: set[tuple[int | None, str]] = set()
+        self._rates = RateTracker(clock)
+        self._info = self._read_system_info()
+        count = as_int(self._call(None, "nvmlDeviceGetCount")) or 0
+        self._gpus = [self._open_gpu(i) for i in range(count)]
+        self._index_by_uuid = {gpu.uuid: gpu.index for gpu in self._gpus}
+        self._index_by_handle = {
+            _handle_key(gpu.handle): gpu.index for gpu in self._gpus if gpu.handle is not None
+        }
+        self._xids = XidTracker(count, clock)
+        self._stop = threading.Event()
+        self._event_set: Any = None
+        self._xid_thread: threading.Thread | None = None
+        self._closed = False
+        self._start_xid_listener()
+
+    @classmethod
+    def open(
+        cls,
+        nvml: Any = pynvml,
+        *,
+        clock: Callable[[], float] = time.time,
+        process_name: Callable[[int], str | None] = process_name_of,
+    ) -> NvmlSampler:
+        """Initialise NVML and open every GPU; NvmlUnavailable says why when it cannot."""
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as err:
+            raise NvmlUnavailable(_init_failure(nvml, err)) from None
+        try:
+            sampler = cls(nvml, clock=clock, process_name=process_name)
+        except BaseException:
+            nvml.nvmlShutdown()
+            raise
+        if sampler.gpu_count() == 0:
+            sampler.close()
+            raise NvmlUnavailable("NVML found no GPUs")
+        return sampler
+
+    def system_info(self) -> GpuSystemInfo:
+        return self._info
+
+    def gpu_count(self) -> int:
+        return len(self._gpus)
+
+    def sample(self) -> list[GpuSample]:
+        now = self._clock()
+        return [self._sample_gpu(gpu, now) for gpu in self._gpus]
+
+    def acknowledge_xids(self, gpu_index: int | None) -> int:
+        return self._xids.acknowledge(gpu_index)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=4 * XID_WAIT_MS / 1000)
+            if self._xid_thread.is_alive():
+                # Freeing the set or shutting NVML down under a waiting thread can crash.
+                log.warning("XID listener did not stop; leaving NVML open")
+                return
+        if self._event_set is not None:
+            self._call(None, "nvmlEventSetFree", self._event_set)
+        for gpu in self._gpus:
+            self._free_gpm(gpu)
+        self._call(None, "nvmlShutdown")
+
+    # -- the one way NVML is called ------------------------------------------------------
+
+    def _call(self, gpu: _Gpu | None, name: str, *args: Any) -> Any:
+        """`nvml.<name>(*args)`, or None when it is not available: the function is missing
+        from this pynvml, NVML returned an error, or the GPU is lost. An NVML action that
+        succeeds without a result gives True, so every failure reads as None."""
+        fn = getattr(self._nvml, name, None)
+        if fn is None or (gpu is not None and gpu.lost):
+            return None
+        try:
+            result = fn(*args)
+        except self._errors as err:
+            self._not_available(gpu, name, err)
+            return None
+        return True if result is None else result
+
+    def _not_available(self, gpu: _Gpu | None, name: str, err: Exception) -> None:
+        code = getattr(err, "value", None)
+        if gpu is not None and code == self._nvml.NVML_ERROR_GPU_IS_LOST:
+            if not gpu.lost:
+                gpu.lost = True
+                log.error("GPU %d (%s) is lost (%s failed)", gpu.index, gpu.uuid, name)
+            return
+        key = (None if gpu is None else gpu.index, name)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        level = logging.DEBUG if code in self._expected_errors else logging.WARNING
+        where = "NVML" if gpu is None else f"GPU {gpu.index}"
+        log.log(level, "%s: %s failed (%s); reporting it as not available", where, name, err)
+
+    def _read(self, gpu: _Gpu, name: str, *args: Any) -> Any:
+        """`_call` for the usual NVML shape: a function of the GPU's handle and more."""
+        return self._call(gpu, name, gpu.handle, *args)
+
+    # -- opening -------------------------------------------------------------------------
+
+    def _read_system_info(self) -> GpuSystemInfo:
+        cuda = as_int(self._call(None, "nvmlSystemGetCudaDriverVersion_v2"))
+        return GpuSystemInfo(
+            driver_version=text(self._call(None, "nvmlSystemGetDriverVersion")),
+            cuda_driver_version=None if cuda is None else cuda_version(cuda),
+            nvml_version=text(self._call(None, "nvmlSystemGetNVMLVersion")),
+        )
+
+    def _open_gpu(self, index: int) -> _Gpu:
+        nvml = self._nvml
+        gpu = _Gpu(index=index, uuid=f"unknown-{index}")
+        gpu.handle = self._call(gpu, "nvmlDeviceGetHandleByIndex", index)
+        if gpu.handle is None:
+            # Nothing about it can be read; reporting it lost lets the daemon say so.
+            if not gpu.lost:
+                gpu.lost = True
+                log.error("GPU %d cannot be opened; reporting it as lost", index)
+            return gpu
+        gpu.name = text(self._read(gpu, "nvmlDeviceGetName")) or gpu.name
+        gpu.uuid = text(self._read(gpu, "nvmlDeviceGetUUID")) or gpu.uuid
+        pci = self._read(gpu, "nvmlDeviceGetPciInfo")
+        gpu.pci_bus_id = None if pci is None else text(pci.busId)
+        gpu.serial = text(self._read(gpu, "nvmlDeviceGetSerial"))
+        cc = self._read(gpu, "nvmlDeviceGetCudaComputeCapability")
+        gpu.compute_capability = None if cc is None else (int(cc[0]), int(cc[1]))
+        memory = self._read(gpu, "nvmlDeviceGetMemoryInfo")
+        gpu.memory_total_bytes = None if memory is None else int(memory.total)
+        gpu.clock_sm_max_mhz = as_int(
+            self._read(gpu, "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
+        )
+        gpu.clock_mem_max_mhz = as_int(
+            self._read(gpu, "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_MEM)
+        )
+        # The GPU's own maximum first: the other one is capped by the slot and the bridge.
+        gen_max = self._read(gpu, "nvmlDeviceGetGpuMaxPcieLinkGeneration")
+        if gen_max is None:
+            gen_max = self._read(gpu, "nvmlDeviceGetMaxPcieLinkGeneration")
+        gpu.pcie_link_gen_max = as_int(gen_max)
+        gpu.pcie_link_width_max = as_int(self._read(gpu, "nvmlDeviceGetMaxPcieLinkWidth"))
+        # Links are numbered from 0; the first one NVML rejects is past the last link.
+        links = 0
+        while links < nvml.NVML_NVLINK_MAX_LINKS:
+            if self._read(gpu, "nvmlDeviceGetNvLinkState", links) is None:
+                break
+            links += 1
+        gpu.nvlink_count = links or None
+        support = self._read(gpu, "nvmlGpmQueryDeviceSupport")
+        if support is not None and support.isSupportedDevice:
+            buffers = [self._call(gpu, "nvmlGpmSampleAlloc") for _ in range(2)]
+            gpu.gpm_buffers = [b for b in buffers if b is not None]
+            if len(gpu.gpm_buffers) < 2:
+                self._free_gpm(gpu)
+        return gpu
+
+    def _free_gpm(self, gpu: _Gpu) -> None:
+        for buffer in gpu.gpm_buffers:
+            self._call(gpu, "nvmlGpmSampleFree", buffer)
+        gpu.gpm_buffers = []
+
+    # -- sampling ------------------------------------------------------------------------
+
+    def _sample_gpu(self, gpu: _Gpu, now: float) -> GpuSample:
+        if gpu.lost:
+            return self._identity_only(gpu)
+        nvml = self._nvml
+        util = self._read(gpu, "nvmlDeviceGetUtilizationRates")
+        sm_activity, sm_occupancy, tensor_activity = self._read_gpm(gpu)
+        memory = self._read(gpu, "nvmlDeviceGetMemoryInfo")
+        # The "throttle" name is the pre-535 spelling of the same bitmask.
+        reasons = self._read(gpu, "nvmlDeviceGetCurrentClocksEventReasons")
+        if reasons is None:
+            reasons = self._read(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        power_limit_mw = gpu.power_limit.get(
+            now, lambda: as_int(self._read(gpu, "nvmlDeviceGetEnforcedPowerLimit"))
+        )
+        health = gpu.health.get(now, lambda: self._read_health(gpu))
+        traffic = self._read_traffic(gpu, now)
+        nvlinks = None
+        if health.nvlinks is not None:
+            tx_field = nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+            rx_field = nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+            nvlinks = [
+                link.model_copy(
+                    update={
+                        "tx_bytes_per_s": traffic.get((tx_field, link.link)),
+                        "rx_bytes_per_s": traffic.get((rx_field, link.link)),
+                    }
+                )
+                for link in health.nvlinks
+            ]
+        sample = GpuSample(
+            index=gpu.index,
+            name=gpu.name,
+            uuid=gpu.uuid,
+            pci_bus_id=gpu.pci_bus_id,
+            serial=gpu.serial,
+            compute_capability=gpu.compute_capability,
+            utilization_gpu_pct=None if util is None else float(util.gpu),
+            utilization_memory_pct=None if util is None else float(util.memory),
+            sm_activity_pct=sm_activity,
+            sm_occupancy_pct=sm_occupancy,
+            tensor_activity_pct=tensor_activity,
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_total_bytes=gpu.memory_total_bytes,
+            temperature_c=as_int(
+                self._read(gpu, "nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
+            ),
+            power_w=milliwatts_to_w(as_int(self._read(gpu, "nvmlDeviceGetPowerUsage"))),
+            power_limit_w=milliwatts_to_w(power_limit_mw),
+            fan_pct=as_int(self._read(gpu, "nvmlDeviceGetFanSpeed")),
+            clock_sm_mhz=as_int(self._read(gpu, "nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM)),
+            clock_sm_max_mhz=gpu.clock_sm_max_mhz,
+            clock_mem_mhz=as_int(self._read(gpu, "nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)),
+            clock_mem_max_mhz=gpu.clock_mem_max_mhz,
+            clock_event_reasons=None if reasons is None else clock_event_reasons(int(reasons)),
+            persistence_mode=health.persistence_mode,
+            mig_mode=health.mig_mode,
+            ecc_mode=health.ecc_mode,
+            ecc_corrected_volatile=health.ecc_corrected_volatile,
+            ecc_uncorrected_volatile=health.ecc_uncorrected_volatile,
+            ecc_corrected_aggregate=health.ecc_corrected_aggregate,
+            ecc_uncorrected_aggregate=health.ecc_uncorrected_aggregate,
+            remapped_rows_correctable=health.remapped_rows_correctable,
+            remapped_rows_uncorrectable=health.remapped_rows_uncorrectable,
+            remapped_rows_pending=health.remapped_rows_pending,
+            remapped_rows_failed=health.remapped_rows_failed,
+            pcie_link_gen=as_int(self._read(gpu, "nvmlDeviceGetCurrPcieLinkGeneration")),
+            pcie_link_gen_max=gpu.pcie_link_gen_max,
+            pcie_link_width=as_int(self._read(gpu, "nvmlDeviceGetCurrPcieLinkWidth")),
+            pcie_link_width_max=gpu.pcie_link_width_max,
+            pcie_replay_count=health.pcie_replay_count,
+            pcie_tx_bytes_per_s=traffic.get((nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)),
+            pcie_rx_bytes_per_s=traffic.get((nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)),
+            nvlinks=nvlinks,
+            xid=self._xids.summary(gpu.index),
+            processes=self._read_processes(gpu),
+        )
+        # A GPU lost halfway through must not report the readings taken before it went.
+        return self._identity_only(gpu) if gpu.lost else sample
+
+    def _identity_only(self, gpu: _Gpu) -> GpuSample:
+        return GpuSample(
+            index=gpu.index,
+            lost=gpu.lost,
+            name=gpu.name,
+            uuid=gpu.uuid,
+            pci_bus_id=gpu.pci_bus_id,
+            serial=gpu.serial,
+            compute_capability=gpu.compute_capability,
+            xid=self._xids.summary(gpu.index),
+        )
+
+    def _read_gpm(self, gpu: _Gpu) -> tuple[float | None, float | None, float | None]:
+        """SM activity, SM occupancy and tensor activity between the last two samples."""
+        if not gpu.gpm_buffers:
+            return _NO_GPM
+        nvml = self._nvml
+        previous, current = gpu.gpm_buffers
+        if self._read(gpu, "nvmlGpmSampleGet", current) is None:
+            gpu.gpm_primed = False
+            return _NO_GPM
+        gpu.gpm_buffers = [current, previous]
+        if not gpu.gpm_primed:
+            gpu.gpm_primed = True
+            return _NO_GPM
+        metric_ids = (
+            nvml.NVML_GPM_METRIC_SM_UTIL,
+            nvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+            nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+        )
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(metric_ids)
+        request.sample1, request.sample2 = previous, current
+        for i, metric_id in enumerate(metric_ids):
+            request.metrics[i].metricId = metric_id
+        result = self._call(gpu, "nvmlGpmMetricsGet", request)
+        if result is None:
+            return _NO_GPM
+        values = {
+            int(m.metricId): float(m.value)
+            for m in result.metrics[: len(metric_ids)]
+            if m.nvmlReturn == nvml.NVML_SUCCESS
+        }
+        sm, occupancy, tensor = (values.get(metric_id) for metric_id in metric_ids)
+        return sm, occupancy, tensor
+
+    def _read_health(self, gpu: _Gpu) -> _Health:
+        nvml = self._nvml
+        corrected = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        uncorrected = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+
+        def ecc(error_type: int, counter_type: int) -> int | None:
+            return as_int(self._read(gpu, "nvmlDeviceGetTotalEccErrors", error_type, counter_type))
+
+        mig = self._read(gpu, "nvmlDeviceGetMigMode")  # [current, pending]
+        ecc_mode = self._read(gpu, "nvmlDeviceGetEccMode")  # [current, pending]
+        rows = self._read(gpu, "nvmlDeviceGetRemappedRows")  # corr, unc, pending, failed
+        return _Health(
+            persistence_mode=as_bool(self._read(gpu, "nvmlDeviceGetPersistenceMode")),
+            mig_mode=None if mig is None else bool(mig[0]),
+            ecc_mode=None if ecc_mode is None else bool(ecc_mode[0]),
+            ecc_corrected_volatile=ecc(corrected, nvml.NVML_VOLATILE_ECC),
+            ecc_uncorrected_volatile=ecc(uncorrected, nvml.NVML_VOLATILE_ECC),
+            ecc_corrected_aggregate=ecc(corrected, nvml.NVML_AGGREGATE_ECC),
+            ecc_uncorrected_aggregate=ecc(uncorrected, nvml.NVML_AGGREGATE_ECC),
+            remapped_rows_correctable=None if rows is None else int(rows[0]),
+            remapped_rows_uncorrectable=None if rows is None else int(rows[1]),
+            remapped_rows_pending=None if rows is None else bool(rows[2]),
+            remapped_rows_failed=None if rows is None else bool(rows[3]),
+            pcie_replay_count=as_int(self._read(gpu, "nvmlDeviceGetPcieReplayCounter")),
+            nvlinks=None
+            if gpu.nvlink_count is None
+            else [self._read_nvlink(gpu, link) for link in range(gpu.nvlink_count)],
+        )
+
+    def _read_nvlink(self, gpu: _Gpu, link: int) -> NvLinkSample:
+        nvml = self._nvml
+
+        def errors(*counters: int) -> int | None:
+            values = [self._read(gpu, "nvmlDeviceGetNvLinkErrorCounter", link, c) for c in counters]
+            return None if None in values else sum(int(v) for v in values)
+
+        return NvLinkSample(
+            link=link,
+            active=as_bool(self._read(gpu, "nvmlDeviceGetNvLinkState", link)),
+            version=as_int(self._read(gpu, "nvmlDeviceGetNvLinkVersion", link)),
+            crc_errors=errors(
+                nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, nvml.NVML_NVLINK_ERROR_DL_CRC_DATA
+            ),
+            replay_errors=errors(nvml.NVML_NVLINK_ERROR_DL_REPLAY),
+            recovery_errors=errors(nvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+        )
+
+    def _read_traffic(self, gpu: _Gpu, now: float) -> dict[tuple[int, int], float | None]:
+        """Bytes per second by (field id, scope): PCIe TX/RX (scope 0) and NVLink TX/RX (scope
+        = link), from cumulative counters read in one nvmlDeviceGetFieldValues call."""
+        nvml = self._nvml
+        pcie = [
+            (nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
+            (nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+        ]
+        nvlink_fields = (
+            nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        )
+        nvlink = [(f, link) for link in range(gpu.nvlink_count or 0) for f in nvlink_fields]
+        values = self._read(gpu, "nvmlDeviceGetFieldValues", pcie + nvlink)
+        counters = {(int(v.fieldId), int(v.scopeId)): field_value_number(v) for v in values or ()}
+        rates: dict[tuple[int, int], float | None] = {}
+        for key in pcie + nvlink:
+            value = counters.get(key)
+            unit = 1 if key in pcie else KIB  # NVLink counters count KiB
+            scaled = None if value is None else value * unit
+            rates[key] = self._rates.rate((gpu.index, key), scaled, now)
+        if all(counters.get(key) is None for key in pcie):
+            rates[pcie[0]], rates[pcie[1]] = gpu.pcie_throughput.get(
+                now, lambda: self._read_pcie_throughput(gpu)
+            )
+        return rates
+
+    def _read_pcie_throughput(self, gpu: _Gpu) -> tuple[float | None, float | None]:
+        """The fallback for GPUs without PCIe byte counters: KB/s over the last ~20 ms.
+        Each call blocks that long, hence the cache (PCIE_THROUGHPUT_TTL_S) around it."""
+        nvml = self._nvml
+        tx, rx = (
+            as_int(self._read(gpu, "nvmlDeviceGetPcieThroughput", counter))
+            for counter in (nvml.NVML_PCIE_UTIL_TX_BYTES, nvml.NVML_PCIE_UTIL_RX_BYTES)
+        )
+        return (None if tx is None else tx * KIB, None if rx is None else rx * KIB)
+
+    def _read_processes(self, gpu: _Gpu) -> list[GpuProcess] | None:
+        processes = self._read(gpu, "nvmlDeviceGetComputeRunningProcesses")
+        if processes is None:  # drivers older than pynvml's default (_v3) still have _v2
+            processes = self._read(gpu, "nvmlDeviceGetComputeRunningProcesses_v2")
+        if processes is None:
+            return None
+        return [
+            GpuProcess(
+                pid=int(p.pid),
+                name=self._process_name(int(p.pid)),
+                used_memory_bytes=memory_bytes(p.usedGpuMemory),
+            )
+            for p in processes
+        ]
+
+    # -- XID events ----------------------------------------------------------------------
+
+    def _start_xid_listener(self) -> None:
+        event_set = self._call(None, "nvmlEventSetCreate")
+        if event_set is None:
+            log.info("NVML events are not available; XIDs will not be reported")
+            return
+        xid = self._nvml.nvmlEventTypeXidCriticalError
+        registered = 0
+        for gpu in self._gpus:
+            if gpu.lost:
+                continue
+            if self._read(gpu, "nvmlDeviceRegisterEvents", xid, event_set) is None:
+                log.info("GPU %d does not report XID events; skipping it", gpu.index)
+            else:
+                registered += 1
+        if registered == 0:
+            self._call(None, "nvmlEventSetFree", event_set)
+            return
+        self._event_set = event_set
+        self._xid_thread = threading.Thread(
+            target=self._listen_for_xids, name="gpud-nvml-xid", daemon=True
+        )
+        self._xid_thread.start()
+
+    def _listen_for_xids(self) -> None:
+        nvml = self._nvml
+        while not self._stop.is_set():
+            # Not through _call: here a timeout is the normal answer, not a failure, and
+            # an error must slow the loop down rather than spin it.
+            try:
+                event = nvml.nvmlEventSetWait_v2(self._event_set, XID_WAIT_MS)
+            except nvml.NVMLError_Timeout:
+                continue
+            except nvml.NVMLError as err:
+                self._not_available(None, "nvmlEventSetWait_v2", err)
+                self._stop.wait(XID_WAIT_MS / 1000)
+                continue
+            if event.eventType & nvml.nvmlEventTypeXidCriticalError:
+                self._record_xid(event.device, int(event.eventData))
+
+    def _record_xid(self, device: Any, code: int) -> None:
+        # By handle first: a GPU that fell off the bus (XID 79) can no longer tell its uuid.
+        index = self._index_by_handle.get(_handle_key(device))
+        uuid = None
+        if index is None:
+            uuid = text(self._call(None, "nvmlDeviceGetUUID", device))
+            index = self._index_by_uuid.get(uuid or "")
+        if index is None:
+            log.warning("XID %d from a GPU this sampler does not know (uuid %s)", code, uuid)
+            return
+        log.warning("GPU %d: XID %d", index, code)
+        self._xids.record(index, code)
+
+
+def _handle_key(handle: Any) -> int:
+    """A device handle's identity: the address it points to (or the object, for fakes)."""
+    try:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0) or id(handle)
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+
+
+def _init_failure(nvml: Any, err: Exception) -> str:
+    """One line that says why nvmlInit failed and, where it can, what to check."""
+    reasons = {
+        nvml.NVML_ERROR_LIBRARY_NOT_FOUND: "NVML library not found (no NVIDIA driver?)",
+        nvml.NVML_ERROR_DRIVER_NOT_LOADED: "NVIDIA kernel driver is not loaded",
+        nvml.NVML_ERROR_NO_PERMISSION: "no permission to open the NVIDIA devices",
+        nvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
+            "NVML library and kernel driver versions differ (reload the driver or reboot)"
+        ),
+    }
+    return reasons.get(getattr(err, "value", None), f"NVML failed to initialise: {err}")

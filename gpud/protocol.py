@@ -1,0 +1,278 @@
+"""The wire protocol: every message between gpud, gpuctl, gputop and trainers.
+
+Control (ROUTER/DEALER) carries one request envelope and one reply envelope:
+
+    request  {"v": 1, "id": "…", "type": "node.hw", "body": {…}}
+    reply    {"v": 1, "id": "…", "ok": true,  "body": {…}}
+             {"v": 1, "id": "…", "ok": false, "error": {"code": "forbidden", "message": "…"}}
+
+Events (PUB/SUB) are two frames: the topic, then `{"v", "topic", "seq", "time", "body"}`.
+
+Inbound requests are validated strictly (unknown fields are errors); everything the daemon
+sends is read tolerantly, so old clients can read new daemons. `PROTOCOL_VERSION` moves on
+its own, apart from the package version.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpud.snapshot import Backend, NodeEvent, NodeSnapshot, Reading
+
+PROTOCOL_VERSION = 1
+#: Frames larger than this are refused by the socket itself (ZMQ_MAXMSGSIZE).
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+
+
+class Role(str, Enum):
+    """What a client key may do. An operator can do everything a viewer can."""
+
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+
+    def allows(self, needed: Role) -> bool:
+        return self is Role.OPERATOR or needed is Role.VIEWER
+
+
+class ErrorCode(str, Enum):
+    BAD_FRAME = "bad_frame"  # not JSON, or not a request envelope
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNKNOWN_TYPE = "unknown_type"
+    INVALID_BODY = "invalid_body"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A request that cannot be served; becomes an error reply with `code`."""
+
+    def __init__(self, code: ErrorCode, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+# --------------------------------------------------------------------------- envelopes
+
+
+class Message(BaseModel):
+    """Base of every request body: strict, so a typo fails loudly."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Request(Message):
+    v: int
+    id: str = Field(min_length=1, max_length=128)
+    type: str = Field(min_length=1, max_length=64)
+    body: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorInfo(Reading):
+    code: str
+    message: str
+
+
+class Reply(Reading):
+    v: int
+    id: str | None
+    ok: bool
+    body: Any = None
+    error: ErrorInfo | None = None
+
+
+class Event(Reading):
+    v: int
+    topic: str
+    seq: int
+    time: float
+    body: Any
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+class Empty(Message):
+    """A request or reply without fields."""
+
+
+class NodeInfo(Reading):
+    """Reply to `node.info`: who the daemon is and how to reach its events."""
+
+    node: str
+    version: str
+    protocol: int
+    pid: int
+    started_at: float
+    uptime_s: float
+    control: str
+    events: str
+    backend: Backend
+    simulated: bool
+    gpu_count: int
+    gpu_name: str | None = Field(None, description="the GPU model, or 'mixed'")
+    secure: bool = Field(description="false when started with --insecure")
+    role: Role = Field(description="the role of the key that asked")
+
+
+class NodeEventsRequest(Message):
+    limit: int = Field(100, ge=1, le=1000)
+    since: float | None = Field(None, description="only events after this unix time")
+
+
+class NodeEventsReply(Reading):
+    events: list[NodeEvent]
+
+
+class AckEventsRequest(Message):
+    gpu_index: int | None = Field(None, ge=0, description="one GPU, or all when omitted")
+
+
+class AckEventsReply(Reading):
+    acknowledged: int = Field(description="how many unacknowledged XID events were cleared")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One request type: its body, its reply and the role it needs."""
+
+    name: str
+    request: type[Message]
+    reply: type[BaseModel]
+    role: Role
+    summary: str
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("node.info", Empty, NodeInfo, Role.VIEWER, "who the daemon is"),
+        Method("node.hw", Empty, NodeSnapshot, Role.VIEWER, "the latest hardware snapshot"),
+        Method("node.events", NodeEventsRequest, NodeEventsReply, Role.VIEWER, "recent hw events"),
+        Method(
+            "node.events.ack",
+            AckEventsRequest,
+            AckEventsReply,
+            Role.OPERATOR,
+            "acknowledge XID events after they were handled",
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------- codec
+
+
+def describe_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """One line naming the first offending field and what was expected."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    where = f"{prefix}.{where}" if prefix and where else (prefix or where)
+    extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where or 'message'}: {first['msg']}{extra}"
+
+
+def decode_request(frame: bytes) -> tuple[Request, Method, Message]:
+    """Parse and validate one request frame, or raise ProtocolError."""
+    try:
+        req = Request.model_validate_json(frame)
+    except ValidationError as exc:
+        raise ProtocolError(ErrorCode.BAD_FRAME, describe_validation_error(exc)) from None
+    if req.v != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"protocol version {req.v} is not supported; this daemon speaks {PROTOCOL_VERSION}",
+            req.id,
+        )
+    method = METHODS.get(req.type)
+    if method is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown request type {req.type!r}", req.id)
+    try:
+        body = method.request.model_validate(req.body)
+    except ValidationError as exc:
+        raise ProtocolError(
+            ErrorCode.INVALID_BODY, describe_validation_error(exc, "body"), req.id
+        ) from None
+    return req, method, body
+
+
+def encode_request(request_id: str, type_: str, body: Message) -> bytes:
+    return (
+        Request(v=PROTOCOL_VERSION, id=request_id, type=type_, body=body.model_dump(mode="json"))
+        .model_dump_json()
+        .encode()
+    )
+
+
+def encode_reply(request_id: str | None, body: BaseModel) -> bytes:
+    return Reply(v=PROTOCOL_VERSION, id=request_id, ok=True, body=body).model_dump_json().encode()
+
+
+def encode_error(request_id: str | None, code: ErrorCode, message: str) -> bytes:
+    return (
+        Reply(
+            v=PROTOCOL_VERSION,
+            id=request_id,
+            ok=False,
+            error=ErrorInfo(code=code.value, message=message),
+        )
+        .model_dump_json(exclude_none=True)
+        .encode()
+    )
+
+
+def decode_reply(frame: bytes) -> Reply:
+    """Parse a reply envelope (tolerantly). Raises ValidationError on garbage."""
+    return Reply.model_validate_json(frame)
+
+
+# --------------------------------------------------------------------------- events
+
+
+def hw_topic(node: str) -> str:
+    return f"hw.{node}"
+
+
+def node_event_topic(node: str) -> str:
+    return f"node.{node}.event"
+
+
+def _event_body_model(topic: str) -> type[BaseModel] | None:
+    if topic.startswith("hw."):
+        return NodeSnapshot
+    if topic.startswith("node.") and topic.endswith(".event"):
+        return NodeEvent
+    return None
+
+
+def encode_event(topic: str, seq: int, body: BaseModel, now: float | None = None) -> list[bytes]:
+    event = Event(
+        v=PROTOCOL_VERSION,
+        topic=topic,
+        seq=seq,
+        time=time.time() if now is None else now,
+        body=body,
+    )
+    return [topic.encode(), event.model_dump_json().encode()]
+
+
+def decode_event(frames: list[bytes]) -> Event:
+    """Parse a two-frame event; the body becomes its model when the topic is known."""
+    if len(frames) != 2:
+        raise ValueError(f"an event has 2 frames, got {len(frames)}")
+    event = Event.model_validate_json(frames[1])
+    if event.topic != frames[0].decode(errors="replace"):
+        raise ValueError("event topic frame and envelope disagree")
+    model = _event_body_model(event.topic)
+    if model is not None:
+        event = event.model_copy(update={"body": model.model_validate(event.body)})
+    return event

@@ -1,0 +1,111 @@
+"""`gpud serve` settings: flags, environment and config file, validated in one model.
+
+Precedence is the usual one: command line, then environment (`GPUD_*`), then the config
+file (`--config`, env `GPUD_SERVE_CONFIG`, or `<config-dir>/gpud.yaml` when it exists),
+then the defaults below.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpud.known_nodes import AddressError, is_loopback, parse_endpoint
+from gpud.paths import config_dir, default_state_dir
+from gpud.protocol import describe_validation_error
+
+SERVE_CONFIG_ENV = "GPUD_SERVE_CONFIG"
+DEFAULT_CONFIG_NAME = "gpud.yaml"
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
+
+
+class SettingsError(ValueError):
+    """A setting a person gave that cannot work; the message names it."""
+
+
+def default_node_name() -> str:
+    name = socket.gethostname().split(".")[0] or "localhost"
+    return re.sub(r"[^A-Za-z0-9_.\-]", "-", name)[:63]
+
+
+class ServeSettings(BaseModel):
+    """Everything `gpud serve` can be told."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    control: str = Field("tcp://127.0.0.1:7711", description="control socket (ROUTER) address")
+    events: str = Field("tcp://127.0.0.1:7712", description="events socket (PUB) address")
+    state_dir: Path = Field(default_factory=default_state_dir, description="keys, db, runs")
+    node_name: str = Field(default_factory=default_node_name, description="name in topics/UI")
+    interval: float = Field(1.0, gt=0.0, le=3600.0, description="seconds between snapshots")
+    simulate_gpus: int | None = Field(None, ge=1, le=1024, description="simulate N GPUs")
+    insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+    @field_validator("control", "events")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        try:
+            return parse_endpoint(value)
+        except AddressError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not _NODE_NAME.match(value):
+            raise ValueError(
+                "use letters, digits, '.', '_' and '-' (at most 63, starting with a letter "
+                "or digit): it becomes part of event topics"
+            )
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        if value.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError("expected debug, info, warning or error")
+        return value.lower()
+
+    @model_validator(mode="after")
+    def _insecure_only_on_loopback(self) -> ServeSettings:
+        if self.insecure:
+            public = [a for a in (self.control, self.events) if not is_loopback(a)]
+            if public:
+                raise ValueError(
+                    f"--insecure is refused on a non-loopback address ({', '.join(public)}): "
+                    "anyone who reaches it could launch code; drop --insecure to use CurveZMQ"
+                )
+        if self.control == self.events:
+            raise ValueError("control and events need different addresses")
+        return self
+
+
+def load_config_file(path: Path | None) -> dict[str, Any]:
+    """The config file's settings (keys as in ServeSettings); {} when there is none."""
+    explicit = path is not None
+    path = path or config_dir() / DEFAULT_CONFIG_NAME
+    if not path.exists():
+        if explicit:
+            raise SettingsError(f"config file {path} does not exist")
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must be a mapping of setting: value")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def build_settings(values: dict[str, Any], source: str = "settings") -> ServeSettings:
+    """Validate merged settings; one-line SettingsError naming the bad one."""
+    try:
+        return ServeSettings.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        raise SettingsError(f"bad {source}: {describe_validation_error(exc)}") from None

@@ -1,0 +1,91 @@
+"""A daemon's state dir: its layout, and the lock that gives it to one daemon at a time.
+
+The lock is an `flock` on `gpud.pid`, held for the daemon's life and released by the
+kernel even if the daemon is killed, so a stale file never blocks a restart.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from gpud.paths import ensure_private_dir
+
+
+class StateDirBusy(Exception):
+    """Another live daemon holds this state dir."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        holder = f"gpud pid {pid}" if pid else "another gpud"
+        super().__init__(
+            f"state dir {path} is in use by {holder}; stop it, or pass another --state-dir"
+        )
+        self.pid = pid
+
+
+class StateDir:
+    """Paths inside one state dir. `acquire()` before writing anything."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.expanduser().resolve()
+        self._lock_fd: int | None = None
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "gpud.pid"
+
+    @property
+    def database(self) -> Path:
+        return self.root / "gpud.db"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.root / "audit.log"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    def acquire(self) -> None:
+        ensure_private_dir(self.root)
+        fd = os.open(self.pid_file, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StateDirBusy(self.root, read_pid(self.pid_file)) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+def held_by(pid_file: Path) -> int | None:
+    """The pid of the live daemon holding this state dir, or None when none holds it."""
+    try:
+        fd = os.open(pid_file, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_pid(pid_file)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

@@ -1,0 +1,1 @@
+"""gpuctl: the scripting front end of gpud. Every verb takes --json."""

@@ -1,0 +1,135 @@
+"""What every gpuctl verb shares: the nodes to talk to, output mode, timeout, exit codes.
+
+Exit codes (documented in the README): 0 ok, 1 a request failed, 2 usage or config error,
+3 a node is unreachable or refused the key.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, NoReturn, TypeVar
+
+import click
+
+from gpud.client import Client, ClientError, ConfigError, NodeTarget, RequestFailed, Unreachable
+from gpud.client import resolve_target as resolve_node_target
+from gpud.known_nodes import load_known_nodes
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+DEFAULT_NODE = "127.0.0.1:7711"
+T = TypeVar("T")
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """One line on stderr, no traceback, and the documented exit code."""
+    click.echo(f"gpuctl: error: {message}", err=True)
+    sys.exit(code)
+
+
+def exit_code_for(error: BaseException) -> int:
+    if isinstance(error, Unreachable):
+        return EXIT_UNREACHABLE
+    if isinstance(error, ConfigError):
+        return EXIT_USAGE
+    if isinstance(error, RequestFailed):
+        return EXIT_FAILED
+    return EXIT_FAILED
+
+
+def split_nodes(values: Sequence[str]) -> list[str]:
+    """`--node a --node b,c` → ["a", "b", "c"] (click already splits GPUD_NODES on spaces)."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+@dataclass
+class NodeResult(Generic[T]):
+    """The outcome of one verb on one node: a value or an error, never both."""
+
+    address: str
+    value: T | None = None
+    error: ClientError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class Ctl:
+    """Parsed global options, handed to every verb."""
+
+    nodes: list[str]
+    explicit_nodes: bool
+    json: bool
+    timeout: float
+
+    def targets(self) -> list[NodeTarget]:
+        """Resolve every --node; a bad or unknown one is a usage error (exit 2)."""
+        try:
+            known = load_known_nodes()
+        except ValueError as exc:
+            fail(str(exc), EXIT_USAGE)
+        targets = []
+        for address in self.nodes:
+            try:
+                targets.append(resolve_node_target(address, known))
+            except ClientError as exc:
+                fail(str(exc), exit_code_for(exc))
+        return targets
+
+    def on_each(
+        self, targets: Sequence[NodeTarget], action: Callable[[Client], T]
+    ) -> list[NodeResult[T]]:
+        """Run `action` against every node at once; per-node failures are kept, not raised."""
+
+        def one(target: NodeTarget) -> NodeResult[T]:
+            try:
+                with Client(target, timeout_s=self.timeout) as client:
+                    return NodeResult(target.label, value=action(client))
+            except ClientError as exc:
+                return NodeResult(target.label, error=exc)
+
+        if len(targets) == 1:
+            return [one(targets[0])]
+        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+            return list(pool.map(one, targets))
+
+
+def report_errors(results: Sequence[NodeResult[T]]) -> None:
+    """One stderr line per node that failed."""
+    for r in results:
+        if r.error is not None:
+            # Unreachable errors name the address themselves.
+            where = "" if isinstance(r.error, Unreachable) else f"{r.address}: "
+            click.echo(f"gpuctl: error: {where}{r.error}", err=True)
+
+
+def worst_exit_code(results: Sequence[NodeResult[T]]) -> int:
+    """Unreachable beats a failed request beats success."""
+    codes = [exit_code_for(r.error) for r in results if r.error is not None]
+    if EXIT_UNREACHABLE in codes:
+        return EXIT_UNREACHABLE
+    return max(codes, default=EXIT_OK)
+
+
+def _set_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(Ctl).json = True
+
+
+#: `--json` after the verb too (`gpuctl hw --json`), same as the global one.
+json_option = click.option(
+    "--json",
+    "json_after_verb",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_json,
+    help="Machine-readable output.",
+)

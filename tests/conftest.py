@@ -1,0 +1,43 @@
+"""Fixtures shared by every test: an isolated config dir and real daemons."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemons import RunningDaemon, start_daemon
+
+
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own GPUD_CONFIG_DIR (client key, known nodes): nothing leaks."""
+    path = tmp_path / "config"
+    monkeypatch.setenv("GPUD_CONFIG_DIR", str(path))
+    monkeypatch.delenv("GPUD_NODES", raising=False)
+    monkeypatch.delenv("GPUD_STATE_DIR", raising=False)
+    return path
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Callable[..., RunningDaemon]]:
+    """A factory of running daemons; each is stopped (SIGTERM, clean exit) at the end."""
+    started: list[RunningDaemon] = []
+
+    def start(**kwargs: Any) -> RunningDaemon:
+        daemon = start_daemon(tmp_path, **kwargs)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        if daemon.proc.poll() is None:
+            code = daemon.stop()
+            assert code == 0, f"gpud exited {code} on SIGTERM:\n{daemon.log()}"
+
+
+@pytest.fixture
+def daemon(daemons: Callable[..., RunningDaemon]) -> RunningDaemon:
+    return daemons()

@@ -1,0 +1,156 @@
+"""gpuctl against real daemons: nodes, hw, keys, and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemons import RunningDaemon, free_port, gpuctl
+
+
+def test_two_daemons_on_one_machine_both_show_in_nodes(
+    daemons: Callable[..., RunningDaemon],
+) -> None:
+    a = daemons(node="alpha")
+    b = daemons(node="beta", simulate_gpus=4)
+    result = gpuctl("--node", a.address, "--node", b.address, "--json", "nodes")
+    assert result.returncode == 0, result.stderr
+    nodes = {n["info"]["node"]: n for n in json.loads(result.stdout)["nodes"]}
+    assert set(nodes) == {"alpha", "beta"}
+    assert nodes["alpha"]["info"]["gpu_count"] == 8 and nodes["beta"]["info"]["gpu_count"] == 4
+    assert all(n["reachable"] and n["info"]["simulated"] for n in nodes.values())
+    # Without --node, gpuctl lists every node it knows: both daemons recorded themselves.
+    table = gpuctl("nodes")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:4] == ["ADDRESS", "NODE", "STATUS", "GPUS"]
+    assert any(
+        line.startswith(a.address) and "alpha" in line and "online" in line for line in lines
+    )
+    assert any(
+        line.startswith(b.address) and "beta" in line and "4 (simulated)" in line for line in lines
+    )
+
+
+def test_hw_json_lists_simulated_gpus_with_recommendations(daemon: RunningDaemon) -> None:
+    result = gpuctl("--node", daemon.address, "hw", "--json")
+    assert result.returncode == 0, result.stderr
+    (node,) = json.loads(result.stdout)["nodes"]
+    assert node["simulated"] is True and node["error"] is None
+    assert len(node["gpus"]) == 8
+    assert all(g["simulated"] and g["memory_total_bytes"] > 80e9 for g in node["gpus"])
+    rec = node["recommendation"]
+    assert rec["memory_class"] == "≥80 GB" and rec["gpus"] == 8
+    assert rec["mixed_precision"] == "bf16" and rec["zero_stage"] == 2
+    assert rec["batch_size_per_gpu"] * 8 * rec["gradient_accumulation"] == rec["effective_batch"]
+    assert rec["effective_batch"] >= rec["target_batch"] == 256
+
+
+def test_hw_text_report(daemon: RunningDaemon) -> None:
+    result = gpuctl("--node", daemon.address, "hw", "--target-batch", "1024")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "[SIMULATED GPUs]" in out
+    assert out.count("NVIDIA H100 80GB HBM3") == 8
+    assert "Recommended training settings — memory class ≥80 GB, 8 GPU(s), target batch 1024" in out
+    assert "DeepSpeed ZeRO stage" in out and "bf16" in out
+
+
+def test_exit_codes(daemons: Callable[..., RunningDaemon], tmp_path: Path) -> None:
+    d = daemons()
+    # 2: usage and config errors, one line each
+    for args, fragment in [
+        (["--node", "bad host:1", "nodes"], "expected HOST:PORT"),
+        (["--node", f"127.0.0.1:{free_port()}", "hw"], "no server key is known"),
+        (["hw", "--target-batch", "0"], "--target-batch"),
+        (["frobnicate"], "No such command"),
+    ]:
+        result = gpuctl(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert fragment in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    # 3: unreachable — a known node whose daemon is gone
+    address = d.address
+    assert d.stop() == 0
+    result = gpuctl("--node", address, "--timeout", "2", "hw")
+    assert result.returncode == 3
+    assert f"nothing is listening at {address}" in result.stderr
+    nodes = gpuctl("--node", address, "--json", "nodes")
+    assert nodes.returncode == 3
+    (entry,) = json.loads(nodes.stdout)["nodes"]
+    assert entry["reachable"] is False and "nothing is listening" in entry["error"]
+
+
+def test_remote_style_set_up_with_keys_authorize_and_trust(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """A 'laptop' with its own config dir gets viewer access the way a remote user would."""
+    laptop = {"GPUD_CONFIG_DIR": str(tmp_path / "laptop")}
+
+    def on_laptop(*args: str) -> tuple[int, str, str]:
+        env_before = dict(os.environ)
+        os.environ.update(laptop)
+        try:
+            r = gpuctl(*args)
+        finally:
+            os.environ.clear()
+            os.environ.update(env_before)
+        return r.returncode, r.stdout, r.stderr
+
+    code, out, _ = on_laptop("keys", "create")
+    assert code == 0
+    laptop_key = out.strip()
+    assert len(laptop_key) == 40
+    # Not trusted yet: the laptop knows no key for the node.
+    code, _, err = on_laptop("--node", daemon.address, "nodes")
+    assert code == 2 and "gpuctl keys trust" in err
+    # On the GPU box: authorize the laptop's key and print the server key.
+    auth = gpuctl(
+        "keys",
+        "authorize",
+        laptop_key,
+        "--role",
+        "viewer",
+        "--name",
+        "laptop",
+        "--state-dir",
+        str(daemon.state_dir),
+    )
+    assert auth.returncode == 0, auth.stderr
+    server = gpuctl("keys", "server", "--state-dir", str(daemon.state_dir))
+    assert server.returncode == 0
+    # Back on the laptop: pin it, then use it.
+    code, out, err = on_laptop("keys", "trust", daemon.address, server.stdout.strip())
+    assert code == 0, err
+    code, out, err = on_laptop("--node", daemon.address, "--json", "nodes")
+    assert code == 0, err
+    (entry,) = json.loads(out)["nodes"]
+    assert entry["info"]["role"] == "viewer"
+    listed = gpuctl("keys", "list", "--state-dir", str(daemon.state_dir), "--json")
+    roles = {k["name"]: k["role"] for k in json.loads(listed.stdout)["keys"]}
+    assert roles["laptop"] == "viewer" and "operator" in roles.values()
+    # A wrongly pinned key is caught at the handshake.
+    code, _, _ = on_laptop(
+        "keys", "trust", daemon.address, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
+    )
+    assert code == 0
+    code, out, _ = on_laptop("--node", daemon.address, "nodes")
+    assert code == 3 and "does not match the pinned server key" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["keys", "authorize", "not-a-key", "--name", "x"],
+        ["keys", "trust", "127.0.0.1:1", "short"],
+        ["keys", "list", "--state-dir", "/nonexistent/state"],
+    ],
+)
+def test_key_commands_reject_bad_input_in_one_line(args: list[str], tmp_path: Path) -> None:
+    result = gpuctl(*args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

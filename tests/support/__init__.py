@@ -1,0 +1,1 @@
+"""Test support: real daemons as subprocesses, free ports, raw zmq peers."""

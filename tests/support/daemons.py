@@ -1,0 +1,142 @@
+"""Start real `gpud serve` processes on free loopback ports and talk to them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpud.client import Client, ClientError, NodeTarget, resolve_target
+from gpud.keys import KeyPair
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m <module> args…` (module first) and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def gpuctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run_cli("launch.gpuctl", *args, timeout=timeout)
+
+
+@dataclass
+class RunningDaemon:
+    proc: subprocess.Popen[bytes]
+    address: str  # HOST:PORT of the control socket
+    events: str  # tcp:// endpoint of the events socket
+    state_dir: Path
+    node: str
+    log_path: Path
+    clients: list[Client] = field(default_factory=list)
+
+    def target(self) -> NodeTarget:
+        return resolve_target(self.address)
+
+    def client(self, keys: KeyPair | None = None, timeout_s: float = 5.0) -> Client:
+        client = Client(self.target(), keys=keys, timeout_s=timeout_s)
+        self.clients.append(client)
+        return client
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"gpud did not stop on {sig}; log:\n{self.log()}") from None
+
+
+def spawn_daemon(
+    tmp_path: Path,
+    *,
+    node: str = "node0",
+    simulate_gpus: int | None = 8,
+    interval: float = 0.2,
+    extra: tuple[str, ...] = (),
+    state_dir: Path | None = None,
+    control_port: int | None = None,
+    events_port: int | None = None,
+) -> tuple[subprocess.Popen[bytes], Path, str, str, Path]:
+    """Start `gpud serve` without waiting; returns (proc, log, control, events, state_dir)."""
+    control_port = control_port or free_port()
+    events_port = events_port or free_port()
+    state_dir = state_dir or tmp_path / f"state-{node}"
+    log_path = tmp_path / f"gpud-{node}-{time.monotonic_ns()}.log"
+    args = [
+        sys.executable,
+        "-m",
+        "gpud",
+        "serve",
+        "--node-name",
+        node,
+        "--state-dir",
+        str(state_dir),
+        "--control",
+        f"tcp://127.0.0.1:{control_port}",
+        "--events",
+        f"tcp://127.0.0.1:{events_port}",
+        "--interval",
+        str(interval),
+        *extra,
+    ]
+    if simulate_gpus:
+        args += ["--simulate-gpus", str(simulate_gpus)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    return (
+        proc,
+        log_path,
+        f"127.0.0.1:{control_port}",
+        f"tcp://127.0.0.1:{events_port}",
+        state_dir,
+    )
+
+
+def start_daemon(tmp_path: Path, ready_timeout: float = 30.0, **kwargs: Any) -> RunningDaemon:
+    """Start a daemon and wait until it answers node.info."""
+    proc, log_path, address, events, state_dir = spawn_daemon(tmp_path, **kwargs)
+    daemon = RunningDaemon(
+        proc, address, events, state_dir, str(kwargs.get("node", "node0")), log_path
+    )
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"gpud exited with {proc.returncode}:\n{daemon.log()}")
+        if "ready:" in daemon.log():
+            try:
+                with Client(daemon.target(), timeout_s=1.0) as client:
+                    client.node_info()
+                return daemon
+            except ClientError:
+                pass
+        time.sleep(0.05)
+    daemon.stop(signal.SIGKILL)
+    raise AssertionError(f"gpud did not become ready:\n{daemon.log()}")

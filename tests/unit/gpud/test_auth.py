@@ -1,0 +1,93 @@
+"""Keys on disk and the authorized-keys ring."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+import zmq
+
+from gpud.auth import (
+    KeyRing,
+    authorize,
+    authorized_keys_path,
+    parse_user_id,
+    read_authorized_keys,
+    revoke,
+)
+from gpud.keys import KeyFileError, check_public_key, load_or_create_keypair
+from gpud.protocol import Role
+
+
+def new_public_key() -> str:
+    return zmq.curve_keypair()[0].decode()
+
+
+def test_keypair_is_created_once_with_a_private_secret(tmp_path: Path) -> None:
+    pair, created = load_or_create_keypair(tmp_path / "keys", "server")
+    again, created_again = load_or_create_keypair(tmp_path / "keys", "server")
+    assert created and not created_again
+    assert pair == again and len(pair.public) == 40
+    secret = tmp_path / "keys" / "server.key_secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("text", ["short", "~" * 40, "a" * 41, ""])
+def test_bad_public_keys_are_refused_with_a_reason(text: str) -> None:
+    with pytest.raises(KeyFileError, match="z85"):
+        check_public_key(text)
+
+
+def test_authorize_replace_and_revoke(tmp_path: Path) -> None:
+    key = new_public_key()
+    assert authorize(tmp_path, key, Role.VIEWER, "alice")
+    assert not authorize(tmp_path, key, Role.VIEWER, "alice")  # nothing changed
+    assert authorize(tmp_path, key, Role.OPERATOR, "alice")  # role changed in place
+    keys = read_authorized_keys(authorized_keys_path(tmp_path)).keys
+    assert [(k.key, k.role) for k in keys] == [(key, Role.OPERATOR)]
+    assert revoke(tmp_path, key)
+    assert not revoke(tmp_path, key)
+    assert read_authorized_keys(authorized_keys_path(tmp_path)).keys == []
+
+
+def test_keyring_sees_changes_without_restart(tmp_path: Path) -> None:
+    ring = KeyRing(authorized_keys_path(tmp_path))
+    key = new_public_key()
+    assert ring.lookup(key) is None
+    authorize(tmp_path, key, Role.VIEWER, "bob")
+    found = ring.lookup(key)
+    assert found is not None and found.role is Role.VIEWER and found.name == "bob"
+    revoke(tmp_path, key)
+    assert ring.lookup(key) is None
+
+
+def test_keyring_keeps_old_keys_when_the_file_is_broken(tmp_path: Path) -> None:
+    key = new_public_key()
+    authorize(tmp_path, key, Role.OPERATOR, "carol")
+    ring = KeyRing(authorized_keys_path(tmp_path))
+    assert ring.lookup(key) is not None
+    authorized_keys_path(tmp_path).write_text("{ not json")
+    assert ring.lookup(key) is not None  # a bad edit must not lock everyone out
+
+
+def test_broken_file_fails_loudly_at_start(tmp_path: Path) -> None:
+    authorized_keys_path(tmp_path).write_text("[]")
+    with pytest.raises(KeyFileError, match="not a valid authorized-keys file"):
+        KeyRing(authorized_keys_path(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("user_id", "expected"),
+    [
+        ("operator:alice@box", (Role.OPERATOR, "alice@box")),
+        ("viewer:bob", (Role.VIEWER, "bob")),
+        ("unknown:", None),
+        ("", None),
+        (None, None),
+        ("root", None),
+    ],
+)
+def test_user_ids_parse_into_roles(user_id: str | None, expected: tuple[Role, str] | None) -> None:
+    assert parse_user_id(user_id) == expected

@@ -1,0 +1,146 @@
+"""The wire protocol: envelopes round-trip, and bad input becomes the right error code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpud.protocol import (
+    METHODS,
+    PROTOCOL_VERSION,
+    AckEventsRequest,
+    Empty,
+    ErrorCode,
+    NodeEventsRequest,
+    ProtocolError,
+    Role,
+    decode_event,
+    decode_reply,
+    decode_request,
+    encode_error,
+    encode_event,
+    encode_reply,
+    encode_request,
+    hw_topic,
+    node_event_topic,
+)
+from gpud.snapshot import HostSample, NodeEvent, NodeSnapshot
+
+HOST = HostSample(
+    hostname="h",
+    cpu_count_logical=4,
+    memory_total_bytes=8,
+    memory_used_bytes=4,
+    memory_available_bytes=4,
+)
+
+
+def test_request_round_trip_gives_typed_body() -> None:
+    frame = encode_request("r1", "node.events", NodeEventsRequest(limit=7, since=1.5))
+    request, method, body = decode_request(frame)
+    assert (request.v, request.id, request.type) == (PROTOCOL_VERSION, "r1", "node.events")
+    assert method is METHODS["node.events"]
+    assert body == NodeEventsRequest(limit=7, since=1.5)
+
+
+def test_reply_round_trip_keeps_body_and_none_fields() -> None:
+    snapshot = NodeSnapshot(
+        node="n", seq=3, time=1.0, interval_s=1.0, backend="simulated", simulated=True, host=HOST
+    )
+    reply = decode_reply(encode_reply("r9", snapshot))
+    assert reply.ok and reply.id == "r9" and reply.error is None
+    again = NodeSnapshot.model_validate(reply.body)
+    assert again == snapshot
+    assert again.host.load_1m is None  # not available stays not available, never 0
+
+
+def test_error_reply_has_code_and_message_and_no_body() -> None:
+    raw = json.loads(encode_error("r2", ErrorCode.FORBIDDEN, "nope"))
+    assert raw == {
+        "v": PROTOCOL_VERSION,
+        "id": "r2",
+        "ok": False,
+        "error": {"code": "forbidden", "message": "nope"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "request_id"),
+    [
+        (b"\x00\xff garbage", ErrorCode.BAD_FRAME, None),
+        (b"[1, 2, 3]", ErrorCode.BAD_FRAME, None),
+        (b'{"v": 1, "id": "a"}', ErrorCode.BAD_FRAME, None),
+        (
+            b'{"v": 1, "id": "a", "type": "node.info", "body": {}, "extra": 1}',
+            ErrorCode.BAD_FRAME,
+            None,
+        ),
+        (b'{"v": 2, "id": "a", "type": "node.info"}', ErrorCode.UNSUPPORTED_VERSION, "a"),
+        (b'{"v": 1, "id": "a", "type": "rm.rf"}', ErrorCode.UNKNOWN_TYPE, "a"),
+        (
+            b'{"v": 1, "id": "a", "type": "node.events", "body": {"limit": 0}}',
+            ErrorCode.INVALID_BODY,
+            "a",
+        ),
+        (
+            b'{"v": 1, "id": "a", "type": "node.events", "body": {"limt": 5}}',
+            ErrorCode.INVALID_BODY,
+            "a",
+        ),
+        (
+            b'{"v": 1, "id": "a", "type": "node.info", "body": {"x": 1}}',
+            ErrorCode.INVALID_BODY,
+            "a",
+        ),
+        (b'{"v": 1, "id": "", "type": "node.info"}', ErrorCode.BAD_FRAME, None),
+    ],
+)
+def test_bad_requests_raise_the_right_code(
+    frame: bytes, code: ErrorCode, request_id: str | None
+) -> None:
+    with pytest.raises(ProtocolError) as err:
+        decode_request(frame)
+    assert err.value.code is code
+    assert err.value.request_id == request_id
+    assert "\n" not in err.value.message and err.value.message
+
+
+def test_invalid_body_message_names_the_field() -> None:
+    with pytest.raises(ProtocolError) as err:
+        decode_request(b'{"v": 1, "id": "a", "type": "node.events", "body": {"limit": 5000}}')
+    assert err.value.message.startswith("body.limit:")
+
+
+def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
+    operators = {name for name, m in METHODS.items() if m.role is Role.OPERATOR}
+    assert operators == {"node.events.ack"}
+    assert METHODS["node.info"].request is Empty
+    assert METHODS["node.events.ack"].request is AckEventsRequest
+
+
+def test_roles_allow_downwards_only() -> None:
+    assert Role.OPERATOR.allows(Role.VIEWER)
+    assert Role.OPERATOR.allows(Role.OPERATOR)
+    assert Role.VIEWER.allows(Role.VIEWER)
+    assert not Role.VIEWER.allows(Role.OPERATOR)
+
+
+def test_events_decode_to_their_models_by_topic() -> None:
+    event = NodeEvent(node="n", time=2.0, kind="xid", severity="critical", gpu_index=1, message="m")
+    frames = encode_event(node_event_topic("n"), 5, event, now=3.0)
+    decoded = decode_event(frames)
+    assert decoded.topic == "node.n.event" and decoded.seq == 5 and decoded.time == 3.0
+    assert decoded.body == event
+    snap = NodeSnapshot(
+        node="n", seq=1, time=1.0, interval_s=1.0, backend="none", simulated=False, host=HOST
+    )
+    assert decode_event(encode_event(hw_topic("n"), 1, snap)).body == snap
+
+
+def test_event_frames_must_agree() -> None:
+    frames = encode_event("hw.a", 1, Empty())
+    with pytest.raises(ValueError, match="disagree"):
+        decode_event([b"hw.b", frames[1]])
+    with pytest.raises(ValueError, match="2 frames"):
+        decode_event(frames[:1])

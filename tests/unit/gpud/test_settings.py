@@ -1,0 +1,64 @@
+"""`gpud serve` settings: validation and the config file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpud.settings import SettingsError, build_settings, load_config_file
+
+
+def test_defaults_are_loopback_and_secure(tmp_path: Path) -> None:
+    s = build_settings({"state_dir": tmp_path})
+    assert (s.control, s.events) == ("tcp://127.0.0.1:7711", "tcp://127.0.0.1:7712")
+    assert s.insecure is False and s.interval == 1.0 and s.simulate_gpus is None
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"interval": 0}, "interval"),
+        ({"simulate_gpus": 0}, "simulate_gpus"),
+        ({"control": "http://x:1"}, "only tcp:// and ipc://"),
+        ({"node_name": "bad name"}, "node_name"),
+        ({"insecure": True, "control": "tcp://0.0.0.0:7711"}, "--insecure is refused"),
+        ({"insecure": True, "events": "tcp://10.0.0.1:7712"}, "--insecure is refused"),
+        ({"control": "tcp://127.0.0.1:1", "events": "tcp://127.0.0.1:1"}, "different addresses"),
+        ({"log_level": "loud"}, "log_level"),
+        ({"colour": "blue"}, "colour"),
+    ],
+)
+def test_bad_settings_get_one_line_naming_the_setting(
+    values: dict[str, object], fragment: str
+) -> None:
+    with pytest.raises(SettingsError) as err:
+        build_settings(values)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_insecure_is_fine_on_loopback() -> None:
+    s = build_settings({"insecure": True, "control": "localhost:7000", "events": "127.0.0.1:7001"})
+    assert s.insecure and s.control == "tcp://localhost:7000"
+
+
+def test_config_file_keys_may_use_dashes(tmp_path: Path) -> None:
+    path = tmp_path / "gpud.yaml"
+    path.write_text("node-name: box7\ninterval: 2.5\nsimulate_gpus: 4\n")
+    assert load_config_file(path) == {"node_name": "box7", "interval": 2.5, "simulate_gpus": 4}
+
+
+def test_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="does not exist"):
+        load_config_file(tmp_path / "nope.yaml")
+
+
+def test_default_config_file_is_optional(config_dir: Path) -> None:
+    assert load_config_file(None) == {}
+
+
+def test_config_file_must_be_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "gpud.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(SettingsError, match="mapping"):
+        load_config_file(path)

@@ -1,0 +1,1 @@
+"""gputop: the terminal UI over every gpud node."""
