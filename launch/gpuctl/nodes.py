@@ -25,8 +25,13 @@ def nodes_command(ctl: Ctl) -> None:
             known = load_known_nodes()
         except ValueError as exc:
             fail(str(exc), EXIT_USAGE)
-        if known.nodes:
-            ctl.nodes = [n.control for n in known.nodes]
+        if not known.nodes:
+            fail(
+                "no nodes known yet: start a local daemon (`gpud serve` or `gpud demo`), "
+                "or pin a remote one with `gpuctl keys trust HOST:PORT SERVER_KEY`",
+                EXIT_USAGE,
+            )
+        ctl.nodes = [n.control for n in known.nodes]
     results = ctl.on_each(ctl.targets(), lambda client: client.node_info())
     if ctl.json:
         emit_json(
