@@ -20,7 +20,7 @@ from click.core import ParameterSource
 
 from gpud import __version__
 from gpud.daemon import EXIT_FAILURE, EXIT_USAGE, serve
-from gpud.frontend import run_click
+from gpud.frontend import run_click, state_dir_option
 from gpud.settings import SERVE_CONFIG_ENV, SettingsError, build_settings, load_config_file
 from gpud.statedir import StateDir, held_by
 
@@ -47,12 +47,7 @@ def main() -> None:
     "--control", envvar="GPUD_CONTROL_ADDR", help="Control address [tcp://127.0.0.1:7711]."
 )
 @click.option("--events", envvar="GPUD_EVENTS_ADDR", help="Events address [tcp://127.0.0.1:7712].")
-@click.option(
-    "--state-dir",
-    envvar="GPUD_STATE_DIR",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Keys, database, run dirs [~/.local/state/gpud].",
-)
+@state_dir_option
 @click.option("--node-name", envvar="GPUD_NODE_NAME", help="Name in topics and UIs [hostname].")
 @click.option("--interval", envvar="GPUD_INTERVAL", type=float, help="Seconds per snapshot [1].")
 @click.option(
@@ -92,12 +87,7 @@ def serve_command(ctx: click.Context, /, config_file: Path | None, **flags: Any)
 
 
 @cli.command("stop")
-@click.option(
-    "--state-dir",
-    envvar="GPUD_STATE_DIR",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="State dir of the daemon to stop [~/.local/state/gpud].",
-)
+@state_dir_option
 @click.option("--timeout", default=15.0, show_default=True, help="Seconds to wait for it.")
 def stop_command(state_dir: Path | None, timeout: float) -> None:
     """Stop the daemon that holds a state dir (SIGTERM, then wait)."""
@@ -155,12 +145,7 @@ def probe_command(simulate_gpus: int | None, as_json: bool) -> None:
 
 
 @cli.command("demo")
-@click.option(
-    "--state-dir",
-    envvar="GPUD_STATE_DIR",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="State dir of the demo daemon [~/.local/state/gpud].",
-)
+@state_dir_option
 @click.option(
     "--simulate-gpus",
     type=int,

@@ -49,6 +49,17 @@ class Caller:
     name: str
 
 
+@dataclass(frozen=True)
+class _Accepted:
+    """A request that passed decoding and authorization, on its way to a reply."""
+
+    identity: bytes
+    id: str
+    method: Method
+    body: Message
+    caller: Caller
+
+
 HandlerResult = BaseModel | Awaitable[BaseModel]
 Handler = Callable[[Message, Caller], HandlerResult]
 
@@ -124,7 +135,7 @@ class ControlServer:
                 ),
             )
             return
-        self._dispatch(identity, request.id, method, body, caller)
+        self._dispatch(_Accepted(identity, request.id, method, body, caller))
 
     def _caller(self, frame: zmq.Frame) -> Caller | None:
         if not self._secure:
@@ -136,75 +147,54 @@ class ControlServer:
         parsed = parse_user_id(user_id if isinstance(user_id, str) else None)
         return Caller(*parsed) if parsed else None
 
-    def _dispatch(
-        self, identity: bytes, request_id: str, method: Method, body: Message, caller: Caller
-    ) -> None:
-        handler = self._handlers.get(method.name)
+    def _dispatch(self, req: _Accepted) -> None:
+        handler = self._handlers.get(req.method.name)
         if handler is None:
-            self._send(
-                identity,
-                encode_error(request_id, ErrorCode.UNAVAILABLE, f"{method.name} is not served"),
-            )
+            message = f"{req.method.name} is not served"
+            self._send(req.identity, encode_error(req.id, ErrorCode.UNAVAILABLE, message))
             return
         try:
-            result = handler(body, caller)
+            result = handler(req.body, req.caller)
         except Exception as exc:
-            self._finish(identity, request_id, method, body, caller, exc)
+            self._finish(req, exc)
             return
         if inspect.isawaitable(result):
-            task = asyncio.ensure_future(
-                self._finish_later(identity, request_id, method, body, caller, result)
-            )
+            task = asyncio.ensure_future(self._finish_later(req, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        self._finish(identity, request_id, method, body, caller, result)
+        self._finish(req, result)
 
-    async def _finish_later(
-        self,
-        identity: bytes,
-        request_id: str,
-        method: Method,
-        body: Message,
-        caller: Caller,
-        pending: Awaitable[BaseModel],
-    ) -> None:
+    async def _finish_later(self, req: _Accepted, pending: Awaitable[BaseModel]) -> None:
         try:
             outcome: BaseModel | Exception = await pending
         except Exception as exc:
             outcome = exc
-        self._finish(identity, request_id, method, body, caller, outcome)
+        self._finish(req, outcome)
 
-    def _finish(
-        self,
-        identity: bytes,
-        request_id: str,
-        method: Method,
-        body: Message,
-        caller: Caller,
-        outcome: BaseModel | Exception,
-    ) -> None:
+    def _finish(self, req: _Accepted, outcome: BaseModel | Exception) -> None:
+        name = req.method.name
         if isinstance(outcome, ProtocolError):
-            reply = encode_error(request_id, outcome.code, outcome.message)
+            reply = encode_error(req.id, outcome.code, outcome.message)
             ok, detail = False, outcome.message
         elif isinstance(outcome, Exception):
-            log.exception("%s failed", method.name, exc_info=outcome)
-            message = f"internal error in {method.name}: {type(outcome).__name__}: {outcome}"
-            reply = encode_error(request_id, ErrorCode.INTERNAL, message + " (see the gpud log)")
+            log.exception("%s failed", name, exc_info=outcome)
+            message = f"internal error in {name}: {type(outcome).__name__}: {outcome}"
+            reply = encode_error(req.id, ErrorCode.INTERNAL, message + " (see the gpud log)")
             ok, detail = False, message
         else:
-            reply = encode_reply(request_id, outcome)
+            reply = encode_reply(req.id, outcome)
             ok, detail = True, None
-        if method.role is Role.OPERATOR:
+        if req.method.role is Role.OPERATOR:
             self._audit.record(
-                caller.name,
-                caller.role.value,
-                method.name,
-                body.model_dump(mode="json"),
+                req.caller.name,
+                req.caller.role.value,
+                name,
+                req.body.model_dump(mode="json"),
                 ok,
                 detail,
             )
-        self._send(identity, reply)
+        self._send(req.identity, reply)
 
     def _send(self, identity: bytes, payload: bytes) -> None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -25,3 +26,12 @@ def run_click(command: click.Command, prog: str) -> None:
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+
+
+#: `--state-dir` as every command that names a daemon's state dir spells it.
+state_dir_option = click.option(
+    "--state-dir",
+    envvar="GPUD_STATE_DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The daemon's state dir [$GPUD_STATE_DIR, else ~/.local/state/gpud].",
+)

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from gpud.auth import authorize, authorized_keys_path, read_authorized_keys, revoke
+from gpud.frontend import state_dir_option
 from gpud.keys import (
     CLIENT_KEY,
     KeyFileError,
@@ -40,13 +41,6 @@ from gpud.paths import default_state_dir
 from gpud.protocol import Role
 from launch.gpuctl.context import EXIT_FAILED, EXIT_USAGE, Ctl, fail, json_option
 from launch.gpuctl.output import emit_json, table
-
-state_dir_option = click.option(
-    "--state-dir",
-    envvar="GPUD_STATE_DIR",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The daemon's state dir [$GPUD_STATE_DIR or ~/.local/state/gpud].",
-)
 
 
 def _state_dir(value: Path | None) -> Path:

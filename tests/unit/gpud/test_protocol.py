@@ -25,15 +25,10 @@ from gpud.protocol import (
     hw_topic,
     node_event_topic,
 )
-from gpud.snapshot import HostSample, NodeEvent, NodeSnapshot
+from gpud.snapshot import NodeEvent, NodeSnapshot
+from tests.support.samples import host_sample
 
-HOST = HostSample(
-    hostname="h",
-    cpu_count_logical=4,
-    memory_total_bytes=8,
-    memory_used_bytes=4,
-    memory_available_bytes=4,
-)
+HOST = host_sample()
 
 
 def test_request_round_trip_gives_typed_body() -> None:

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 from gpud.hardware.events import detect_events
-from gpud.snapshot import GpuSample, HostSample, NodeSnapshot, NvLinkSample, XidRecord, XidSummary
+from gpud.snapshot import GpuSample, NodeSnapshot, NvLinkSample, XidRecord, XidSummary
+from tests.support.samples import host_sample
 
-HOST = HostSample(
-    hostname="h",
-    cpu_count_logical=1,
-    memory_total_bytes=1,
-    memory_used_bytes=0,
-    memory_available_bytes=1,
-)
+HOST = host_sample()
 
 
 def gpu(**fields: object) -> GpuSample:
