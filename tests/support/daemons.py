@@ -127,6 +127,7 @@ def start_daemon(tmp_path: Path, ready_timeout: float = 30.0, **kwargs: Any) -> 
         proc, address, events, state_dir, str(kwargs.get("node", "node0")), log_path
     )
     deadline = time.monotonic() + ready_timeout
+    last_error = "it never logged ready"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"gpud exited with {proc.returncode}:\n{daemon.log()}")
@@ -135,8 +136,13 @@ def start_daemon(tmp_path: Path, ready_timeout: float = 30.0, **kwargs: Any) -> 
                 with Client(daemon.target(), timeout_s=1.0) as client:
                     client.node_info()
                 return daemon
-            except ClientError:
-                pass
+            except ClientError as exc:
+                last_error = str(exc)
         time.sleep(0.05)
+    # Ask from a fresh process too: it tells a stuck daemon from a stuck test process.
+    fresh = gpuctl("--node", daemon.address, "--timeout", "2", "nodes")
     daemon.stop(signal.SIGKILL)
-    raise AssertionError(f"gpud did not become ready:\n{daemon.log()}")
+    raise AssertionError(
+        f"gpud did not become ready ({last_error}); a fresh gpuctl says: "
+        f"{fresh.returncode} {fresh.stdout}{fresh.stderr}\n{daemon.log()}"
+    )
