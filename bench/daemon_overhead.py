@@ -122,9 +122,12 @@ def main() -> None:
         os.environ["GPUD_CONFIG_DIR"] = str(Path(tmp) / "config")
         secure = start_daemon(Path(tmp), node="secure", simulate_gpus=args.gpus, interval=1.0)
         insecure = start_daemon(
-            Path(tmp), node="insecure", simulate_gpus=args.gpus, interval=1.0,
+            Path(tmp),
+            node="insecure",
+            simulate_gpus=args.gpus,
+            interval=1.0,
             extra=("--insecure",),
-        )  # fmt: skip
+        )
         try:
             print(
                 f"machine: {platform.node()}, {os.cpu_count()} cores, "

@@ -30,7 +30,7 @@ ZAP_DOMAIN = "gpud"
 
 
 class AuthorizedKey(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     key: str = Field(description="z85 CURVE public key of the client")
     role: Role
@@ -39,7 +39,7 @@ class AuthorizedKey(BaseModel):
 
 
 class AuthorizedKeys(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     keys: list[AuthorizedKey] = Field(default_factory=list)
 
@@ -90,11 +90,41 @@ def revoke(state_dir: Path, key: str) -> bool:
     return True
 
 
-class KeyRing:
-    """The authorized keys, re-read when the file changes. Safe to call from any thread."""
+class PeerKeys:
+    """Keys of coordinator daemons, each good for the runs it coordinates here.
 
-    def __init__(self, path: Path) -> None:
+    Replaced wholesale on every change, so the ZAP thread always reads a consistent map.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, frozenset[str]] = {}
+
+    def grant(self, key: str, run_id: str) -> None:
+        runs = dict(self._runs)
+        runs[key] = runs.get(key, frozenset()) | {run_id}
+        self._runs = runs
+
+    def revoke(self, run_id: str) -> None:
+        self._runs = {k: v - {run_id} for k, v in self._runs.items() if v - {run_id}}
+
+    def runs_of(self, key: str) -> frozenset[str]:
+        return self._runs.get(key, frozenset())
+
+    def lookup(self, key: str) -> AuthorizedKey | None:
+        if key in self._runs:
+            return AuthorizedKey(key=key, role=Role.PEER, name=key)
+        return None
+
+
+class KeyRing:
+    """The authorized keys, re-read when the file changes. Safe to call from any thread.
+
+    `peers` (optional) is consulted for keys not in the file: coordinators of runs.
+    """
+
+    def __init__(self, path: Path, peers: PeerKeys | None = None) -> None:
         self.path = path
+        self.peers = peers
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._by_key: dict[str, AuthorizedKey] = {}
@@ -120,7 +150,10 @@ class KeyRing:
             except KeyFileError as exc:
                 # Keep serving with the keys we had; a broken edit must not lock everyone out.
                 log.error("%s; keeping the previously loaded keys", exc)
-            return self._by_key.get(z85_key)
+            found = self._by_key.get(z85_key)
+        if found is None and self.peers is not None:
+            return self.peers.lookup(z85_key)
+        return found
 
 
 class _CredentialsProvider:

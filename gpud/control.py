@@ -17,7 +17,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -64,6 +64,19 @@ HandlerResult = BaseModel | Awaitable[BaseModel]
 Handler = Callable[[Message, Caller], HandlerResult]
 
 INSECURE_CALLER = Caller(Role.OPERATOR, "insecure-loopback")
+
+M = TypeVar("M", bound=Message)
+
+
+def typed(model: type[M], handler: Callable[[M, Caller], HandlerResult]) -> Handler:
+    """Adapt a handler of one request model to the generic signature (checked at runtime)."""
+
+    def call(body: Message, caller: Caller) -> HandlerResult:
+        if not isinstance(body, model):
+            raise ProtocolError(ErrorCode.INVALID_BODY, f"expected a {model.__name__} body")
+        return handler(body, caller)
+
+    return call
 
 
 def configure_router(sock: zmq.Socket[Any]) -> None:

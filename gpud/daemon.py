@@ -25,14 +25,23 @@ import zmq.asyncio
 
 from gpud import __version__
 from gpud.audit import AuditLog
-from gpud.auth import ZAP_DOMAIN, KeyRing, RoleAuthenticator, authorize, authorized_keys_path
-from gpud.control import Caller, ControlServer, Handler, configure_router
+from gpud.auth import (
+    ZAP_DOMAIN,
+    KeyRing,
+    PeerKeys,
+    RoleAuthenticator,
+    authorize,
+    authorized_keys_path,
+)
+from gpud.control import Caller, ControlServer, Handler, configure_router, typed
 from gpud.hardware.events import detect_events
 from gpud.hardware.host import HostSampler
 from gpud.hardware.node import NodeSampler, open_gpu_sampler
+from gpud.ingest import Ingest
 from gpud.keys import (
     SERVER_KEY,
     KeyFileError,
+    KeyPair,
     load_or_create_client_keypair,
     load_or_create_keypair,
     server_key_dir,
@@ -42,17 +51,30 @@ from gpud.protocol import (
     PROTOCOL_VERSION,
     AckEventsReply,
     AckEventsRequest,
+    JoinRequest,
+    LaunchRequest,
+    ListRequest,
+    LogsRequest,
     Message,
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
+    PartStartRequest,
+    PartStatusRequest,
+    PartStopRequest,
+    ResumeRequest,
     Role,
+    RunRef,
+    StopRequest,
     hw_topic,
     node_event_topic,
 )
 from gpud.publisher import EventPublisher, configure_pub
+from gpud.runmodel import TrainerMessage
+from gpud.runs.simload import SimulatedLoads
+from gpud.runs.supervisor import Supervisor
 from gpud.settings import ServeSettings
-from gpud.snapshot import NodeSnapshot
+from gpud.snapshot import GpuSample, NodeSnapshot
 from gpud.statedir import StateDir, StateDirBusy
 from gpud.store import Store
 
@@ -110,6 +132,10 @@ class Daemon:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpud-sampler")
         self._stop = asyncio.Event()
         self.server_public_key: bytes | None = None
+        self.peer_keys = PeerKeys()
+        self._keys: KeyPair | None = None
+        self._ingest: Ingest | None = None
+        self._supervisor: Supervisor | None = None
 
     # ------------------------------------------------------------------ start-up
 
@@ -141,10 +167,11 @@ class Daemon:
                 if created:
                     log.info("created server key in %s", key_dir)
                 self._authorize_local_user_on_first_start()
-                ring = KeyRing(authorized_keys_path(self.state.root))
+                ring = KeyRing(authorized_keys_path(self.state.root), peers=self.peer_keys)
             except KeyFileError as exc:
                 raise StartupError(str(exc), EXIT_USAGE) from None
             self.server_public_key, server_secret = server.public, server.secret
+            self._keys = server
         self._store = Store(self.state.database)
         self._audit = AuditLog(self.state.audit_log)
         self._ctx = zmq.asyncio.Context()
@@ -158,9 +185,11 @@ class Daemon:
         _bind(self._control_sock, s.control, "--control")
         _bind(self._events_sock, s.events, "--events")
         self._publisher = EventPublisher(zmq.Socket.shadow(self._events_sock.underlying))
-        gpus = open_gpu_sampler(s.simulate_gpus, s.node_name, clock=self._clock)
+        loads = SimulatedLoads(self._active_shims, s.simulate_gpus) if s.simulate_gpus else None
+        gpus = open_gpu_sampler(s.simulate_gpus, s.node_name, clock=self._clock, loads=loads)
         self._sampler = NodeSampler(s.node_name, gpus, HostSampler(), s.interval, self._clock)
         self._latest = self._sampler.sample()
+        self._start_runs()
         self._register_locally()
         kind = "simulated " if gpus.simulated else ""
         log.info(
@@ -174,6 +203,52 @@ class Daemon:
             self.state.root,
             "" if secure else " — INSECURE: no authentication (loopback only)",
         )
+
+    def _start_runs(self) -> None:
+        assert self._ctx is not None and self._store is not None
+        try:
+            self._ingest = Ingest(
+                self._ctx,
+                self.state.ipc_endpoint("ingest"),
+                self.state.ipc_endpoint("trainer-control"),
+                self._on_trainer_message,
+            )
+        except zmq.ZMQError as exc:
+            raise StartupError(f"cannot bind the trainer sockets: {exc.strerror}") from None
+        assert self._publisher is not None
+        self._supervisor = Supervisor(
+            node=self.settings.node_name,
+            state=self.state,
+            store=self._store,
+            publish=self._publisher.publish,
+            ingest=self._ingest,
+            hardware=self._snapshot,
+            sample_gpus=self._sample_gpus_now,
+            peer_keys=self.peer_keys,
+            keys=self._keys,
+            clock=self._clock,
+        )
+        self._supervisor.adopt()
+
+    def _active_shims(self) -> list[int | None]:
+        sup = self._supervisor
+        if sup is None:
+            return []
+        return [p.record.shim_pid for p in list(sup.parts.values()) if not p.record.state.terminal]
+
+    def _snapshot(self) -> NodeSnapshot:
+        assert self._latest is not None
+        return self._latest
+
+    async def _sample_gpus_now(self) -> list[GpuSample]:
+        assert self._sampler is not None
+        gpus = self._sampler.gpus
+        # The sampler thread is the only one that touches the GPU sampler.
+        return await asyncio.get_running_loop().run_in_executor(self._executor, gpus.sample)
+
+    def _on_trainer_message(self, kind: str, message: TrainerMessage) -> None:
+        if self._supervisor is not None:
+            self._supervisor.on_trainer_message(kind, message)
 
     def _make_socket(self, kind: int, server_secret: bytes | None) -> zmq.asyncio.Socket:
         assert self._ctx is not None
@@ -213,11 +288,23 @@ class Daemon:
     # ------------------------------------------------------------------ serving
 
     def handlers(self) -> dict[str, Handler]:
+        sup = self._supervisor
+        assert sup is not None
         return {
             "node.info": self._node_info,
             "node.hw": self._node_hw,
             "node.events": self._node_events,
             "node.events.ack": self._ack_events,
+            "run.launch": typed(LaunchRequest, sup.launch),
+            "run.join": typed(JoinRequest, sup.join),
+            "run.stop": typed(StopRequest, sup.stop),
+            "run.resume": typed(ResumeRequest, sup.resume),
+            "run.list": typed(ListRequest, lambda body, caller: sup.list_runs(body)),
+            "run.status": typed(RunRef, lambda body, caller: sup.status(body)),
+            "run.logs": typed(LogsRequest, lambda body, caller: sup.logs(body)),
+            "run.part.start": typed(PartStartRequest, sup.part_start),
+            "run.part.stop": typed(PartStopRequest, sup.part_stop),
+            "run.part.status": typed(PartStatusRequest, sup.part_status),
         }
 
     def _node_info(self, body: Message, caller: Caller) -> NodeInfo:
@@ -292,8 +379,11 @@ class Daemon:
         control = ControlServer(
             self._control_sock, self.handlers(), self._audit, secure=not self.settings.insecure
         )
+        assert self._supervisor is not None and self._ingest is not None
         tasks = [
             asyncio.create_task(control.serve(), name="control"),
+            asyncio.create_task(self._supervisor.serve(), name="supervisor"),
+            asyncio.create_task(self._ingest.serve(), name="ingest"),
             asyncio.create_task(self._sample_forever(), name="sampler"),
         ]
         stop = asyncio.create_task(self._stop.wait(), name="stop")
@@ -316,6 +406,13 @@ class Daemon:
 
     def close(self) -> None:
         """Close sockets, stop threads, flush and release the state dir. Idempotent."""
+        if self._ingest is not None:
+            self._ingest.close()
+            self._ingest = None
+        if self._supervisor is not None:
+            for link in self._supervisor.peers.values():
+                link.close()
+            self._supervisor = None
         for sock in (self._control_sock, self._events_sock):
             if sock is not None and not sock.closed:
                 sock.close(linger=0)

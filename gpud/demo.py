@@ -61,18 +61,27 @@ def start_background_daemon(
     state.root.mkdir(parents=True, exist_ok=True)
     log = state.root / "gpud.log"
     args = [
-        sys.executable, "-m", "gpud", "serve",
-        "--state-dir", str(state.root),
-        "--control", control,
-        "--events", events,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "gpud",
+        "serve",
+        "--state-dir",
+        str(state.root),
+        "--control",
+        control,
+        "--events",
+        events,
+    ]
     if simulate_gpus:
         args += ["--simulate-gpus", str(simulate_gpus)]
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,  # outlives this command and its terminal
-        )  # fmt: skip
+        )
     _wait_until_ready(control, proc, log)
     return proc.pid, True
 

@@ -29,7 +29,7 @@ class AddressError(ValueError):
 
 
 class KnownNode(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     control: str = Field(description="control endpoint, e.g. tcp://10.0.0.5:7711")
     events: str | None = Field(None, description="events endpoint; asked from node.info if None")
@@ -41,7 +41,7 @@ class KnownNode(BaseModel):
 
 
 class KnownNodes(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     nodes: list[KnownNode] = Field(default_factory=list)
 

@@ -22,6 +22,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpud.runmodel import (
+    AttemptRecord,
+    CheckpointRef,
+    NodeRef,
+    RunEvent,
+    RunState,
+)
 from gpud.snapshot import Backend, NodeEvent, NodeSnapshot, Reading
 
 PROTOCOL_VERSION = 1
@@ -30,13 +37,19 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 
 
 class Role(str, Enum):
-    """What a client key may do. An operator can do everything a viewer can."""
+    """What a client key may do.
+
+    An operator can do everything. A viewer reads. A peer is another node's daemon acting
+    as the coordinator of a run that has a part here: it may start, stop and query that
+    run's parts, and nothing else (the handler checks which run).
+    """
 
     VIEWER = "viewer"
     OPERATOR = "operator"
+    PEER = "peer"
 
     def allows(self, needed: Role) -> bool:
-        return self is Role.OPERATOR or needed is Role.VIEWER
+        return self is Role.OPERATOR or needed is self
 
 
 class ErrorCode(str, Enum):
@@ -67,7 +80,7 @@ class ProtocolError(Exception):
 class Message(BaseModel):
     """Base of every request body: strict, so a typo fails loudly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Request(Message):
@@ -141,6 +154,164 @@ class AckEventsReply(Reading):
     acknowledged: int = Field(description="how many unacknowledged XID events were cleared")
 
 
+# --------------------------------------------------------------------------- runs
+
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+
+
+class NodeRefIn(Message):
+    """A node of a run, as gpuctl names it in a launch."""
+
+    control: str = Field(max_length=300)
+    server_key: str | None = Field(None, min_length=40, max_length=40)
+    name: str | None = Field(None, max_length=128)
+
+
+class LaunchRequest(Message):
+    """gpuctl → node 0: create a run, lease its MASTER_PORT, start node 0's part."""
+
+    spec: dict[str, Any] = Field(description="the run spec, resolved by gpuctl")
+    nodes: list[NodeRefIn] = Field(min_length=1, max_length=4096)
+    dry_run: bool = False
+
+
+class JoinRequest(Message):
+    """gpuctl → node N: start this node's part of a run node 0 created."""
+
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    spec: dict[str, Any]
+    nodes: list[NodeRefIn] = Field(min_length=2, max_length=4096)
+    node_rank: int = Field(ge=1)
+    master_addr: str = Field(min_length=1, max_length=255)
+    master_port: int = Field(ge=1, le=65535)
+    attempt: int = Field(1, ge=1)
+    dry_run: bool = False
+
+
+class PartStartRequest(Message):
+    """node 0 → node N: start a new attempt of a run already joined (resume, restart)."""
+
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    attempt: int = Field(ge=1)
+    master_addr: str = Field(min_length=1, max_length=255)
+    master_port: int = Field(ge=1, le=65535)
+    resume_from: str | None = Field(None, max_length=4096)
+
+
+class PartStopRequest(Message):
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    force: bool = False
+    reason: str = Field("stopped by the coordinator", max_length=500)
+
+
+class PartStatusRequest(Message):
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+
+
+class RunRef(Message):
+    """A run by id or by name (the newest run of that name)."""
+
+    run: str = Field(min_length=1, max_length=128)
+
+
+class StopRequest(RunRef):
+    force: bool = Field(False, description="no handshake or grace: SIGKILL at once")
+
+
+class ResumeRequest(RunRef):
+    pass
+
+
+class ListRequest(Message):
+    active_only: bool = False
+    limit: int = Field(200, ge=1, le=1000)
+
+
+class LogsRequest(RunRef):
+    attempt: int | None = Field(None, ge=1, description="default: the latest")
+    offset: int | None = Field(None, ge=0, description="byte offset to read from")
+    tail_lines: int | None = Field(None, ge=1, le=100_000)
+    max_bytes: int = Field(256 * 1024, ge=1, le=4 * 1024 * 1024)
+    rank: int | None = Field(None, ge=0, description="global rank to keep")
+
+
+class PartView(Reading):
+    """One node's part of the current attempt, as node 0 last saw it."""
+
+    node_rank: int
+    node: NodeRef
+    state: RunState | None = Field(None, description="None: not heard from yet")
+    reason: str | None = None
+    seen_at: float | None = None
+    error: str | None = Field(None, description="why the node could not be asked")
+
+
+class RunSummary(Reading):
+    id: str
+    name: str
+    state: RunState
+    state_since: float
+    reason: str | None = None
+    attempt: int
+    restarts: int = 0
+    created_at: float
+    node_rank: int
+    nodes: list[NodeRef]
+    nproc: int | None = Field(None, description="processes on this node (current attempt)")
+    launcher: str
+    last_step: int | None = None
+    max_steps: int | None = None
+    last_values: dict[str, float] = Field(default_factory=dict)
+    last_checkpoint: CheckpointRef | None = None
+    next_restart_at: float | None = None
+
+
+class PartPlan(Reading):
+    """What a node would run (dry run) or runs: the exact command and what gpud adds."""
+
+    node_rank: int
+    node: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+class LaunchReply(Reading):
+    run: RunSummary
+    master_addr: str
+    master_port: int
+    plan: PartPlan | None = None
+
+
+class JoinReply(Reading):
+    run: RunSummary
+    plan: PartPlan | None = None
+
+
+class RunList(Reading):
+    runs: list[RunSummary]
+
+
+class RunStatus(Reading):
+    run: RunSummary
+    attempts: list[AttemptRecord]
+    parts: list[PartView]
+    events: list[RunEvent]
+
+
+class LogChunk(Reading):
+    run_id: str
+    node: str
+    node_rank: int
+    attempt: int
+    offset: int
+    next_offset: int
+    size: int
+    lines: list[str]
+    ended: bool = Field(description="the attempt is over: nothing more will be written")
+
+
 @dataclass(frozen=True)
 class Method:
     """One request type: its body, its reply and the role it needs."""
@@ -165,6 +336,16 @@ METHODS: dict[str, Method] = {
             Role.OPERATOR,
             "acknowledge XID events after they were handled",
         ),
+        Method("run.launch", LaunchRequest, LaunchReply, Role.OPERATOR, "create and start a run"),
+        Method("run.join", JoinRequest, JoinReply, Role.OPERATOR, "start this node's part"),
+        Method("run.stop", StopRequest, RunSummary, Role.OPERATOR, "stop a run"),
+        Method("run.resume", ResumeRequest, RunSummary, Role.OPERATOR, "new attempt from ckpt"),
+        Method("run.list", ListRequest, RunList, Role.VIEWER, "runs with a part on this node"),
+        Method("run.status", RunRef, RunStatus, Role.VIEWER, "one run in detail"),
+        Method("run.logs", LogsRequest, LogChunk, Role.VIEWER, "captured output of a part"),
+        Method("run.part.start", PartStartRequest, AttemptRecord, Role.PEER, "coordinator"),
+        Method("run.part.stop", PartStopRequest, AttemptRecord, Role.PEER, "coordinator"),
+        Method("run.part.status", PartStatusRequest, AttemptRecord, Role.PEER, "coordinator"),
     )
 }
 
@@ -246,11 +427,43 @@ def node_event_topic(node: str) -> str:
     return f"node.{node}.event"
 
 
+def run_topic(run_id: str, kind: str) -> str:
+    """`run.<id>.state|metrics|health|log|event`."""
+    return f"run.{run_id}.{kind}"
+
+
+class RunLogEvent(Reading):
+    """Body of `run.<id>.log`: new lines of one node's part."""
+
+    node: str
+    node_rank: int
+    attempt: int
+    offset: int
+    lines: list[str]
+
+
+class RunMetricsEvent(Reading):
+    """Body of `run.<id>.metrics`: new metric points of a run."""
+
+    run_id: str
+    attempt: int
+    points: list[dict[str, Any]]
+
+
 def _event_body_model(topic: str) -> type[BaseModel] | None:
     if topic.startswith("hw."):
         return NodeSnapshot
     if topic.startswith("node.") and topic.endswith(".event"):
         return NodeEvent
+    if topic.startswith("run."):
+        kind = topic.rsplit(".", 1)[-1]
+        run_bodies: dict[str, type[BaseModel]] = {
+            "state": RunSummary,
+            "log": RunLogEvent,
+            "metrics": RunMetricsEvent,
+            "event": RunEvent,
+        }
+        return run_bodies.get(kind)
     return None
 
 

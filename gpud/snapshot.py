@@ -19,7 +19,7 @@ Backend = Literal["nvml", "simulated", "none"]
 class Reading(BaseModel):
     """Base of every hardware record: immutable, tolerant of unknown fields."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
 
 class GpuProcess(Reading):

@@ -7,7 +7,9 @@ kernel even if the daemon is killed, so a stale file never blocks a restart.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 from gpud.paths import ensure_private_dir
@@ -46,6 +48,19 @@ class StateDir:
     @property
     def runs(self) -> Path:
         return self.root / "runs"
+
+    def ipc_endpoint(self, name: str) -> str:
+        """`ipc://` endpoint for a local socket; a short private dir when the path is long.
+
+        Unix socket paths are limited to ~107 bytes, and state dirs (tests, home dirs on
+        deep mounts) can be longer than that.
+        """
+        path = self.root / "sock" / name
+        if len(str(path)) > 100:
+            digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
+            path = Path(tempfile.gettempdir()) / f"gpud-{os.getuid()}-{digest}" / name
+        ensure_private_dir(path.parent)
+        return f"ipc://{path}"
 
     def acquire(self) -> None:
         ensure_private_dir(self.root)

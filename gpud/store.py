@@ -1,4 +1,4 @@
-"""The daemon's SQLite database (WAL): node events now; runs and metrics build on it.
+"""The daemon's SQLite database (WAL): node events, runs, attempts, run events, metrics.
 
 Writes happen on the daemon's event-loop thread only. Rows are read back tolerantly into
 the same models they were written from, so an older row never breaks a newer daemon.
@@ -10,6 +10,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+from gpud.runmodel import TERMINAL, AttemptRecord, MetricPoint, RunEvent, RunRecord
 from gpud.snapshot import NodeEvent
 
 #: Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
@@ -24,6 +25,46 @@ MIGRATIONS: tuple[str, ...] = (
         body TEXT NOT NULL
     );
     CREATE INDEX node_events_time ON node_events(time);
+    """,
+    """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        state TEXT NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX runs_name ON runs(name, created_at);
+    CREATE TABLE attempts (
+        run_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (run_id, attempt)
+    );
+    CREATE TABLE run_events (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        time REAL NOT NULL,
+        kind TEXT NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX run_events_run ON run_events(run_id, id);
+    CREATE TABLE metrics (
+        run_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        time REAL NOT NULL,
+        name TEXT NOT NULL,
+        value REAL NOT NULL,
+        PRIMARY KEY (run_id, attempt, step, name)
+    );
+    CREATE TABLE port_leases (
+        port INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        leased_at REAL NOT NULL
+    );
     """,
 )
 
@@ -67,6 +108,137 @@ class Store:
             (since if since is not None else float("-inf"), limit),
         ).fetchall()
         return [NodeEvent.model_validate(json.loads(body)) for (body,) in reversed(rows)]
+
+    # ------------------------------------------------------------------ runs
+
+    def put_run(self, run: RunRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO runs (id, name, created_at, state, body)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (run.id, run.name, run.created_at, run.state.value, run.model_dump_json()),
+        )
+
+    def run(self, run_id: str) -> RunRecord | None:
+        row = self._db.execute("SELECT body FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return RunRecord.model_validate_json(row[0]) if row else None
+
+    def runs(self, active_only: bool = False, limit: int = 1000) -> list[RunRecord]:
+        """Newest first."""
+        if active_only:
+            done = tuple(s.value for s in TERMINAL)
+            rows = self._db.execute(
+                "SELECT body FROM runs WHERE state NOT IN (?, ?, ?) ORDER BY created_at DESC"
+                " LIMIT ?",
+                (*done, limit),
+            ).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT body FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [RunRecord.model_validate_json(body) for (body,) in rows]
+
+    def put_attempt(self, attempt: AttemptRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO attempts (run_id, attempt, state, body) VALUES (?, ?, ?, ?)",
+            (attempt.run_id, attempt.attempt, attempt.state.value, attempt.model_dump_json()),
+        )
+
+    def attempts(self, run_id: str) -> list[AttemptRecord]:
+        rows = self._db.execute(
+            "SELECT body FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,)
+        ).fetchall()
+        return [AttemptRecord.model_validate_json(body) for (body,) in rows]
+
+    def active_attempts(self) -> list[AttemptRecord]:
+        done = tuple(s.value for s in TERMINAL)
+        rows = self._db.execute(
+            "SELECT body FROM attempts WHERE state NOT IN (?, ?, ?)", done
+        ).fetchall()
+        return [AttemptRecord.model_validate_json(body) for (body,) in rows]
+
+    def add_run_event(self, event: RunEvent) -> int:
+        cursor = self._db.execute(
+            "INSERT INTO run_events (run_id, time, kind, body) VALUES (?, ?, ?, ?)",
+            (event.run_id, event.time, event.kind, event.model_dump_json()),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def run_events(self, run_id: str, limit: int = 200) -> list[RunEvent]:
+        """The newest `limit` events of a run, oldest first."""
+        rows = self._db.execute(
+            "SELECT body FROM run_events WHERE run_id = ? ORDER BY id DESC LIMIT ?",
+            (run_id, limit),
+        ).fetchall()
+        return [RunEvent.model_validate_json(body) for (body,) in reversed(rows)]
+
+    # ------------------------------------------------------------------ metrics
+
+    def add_metrics(self, points: list[MetricPoint]) -> int:
+        """Insert points; a (run, attempt, step, name) already stored is kept. Returns rows."""
+        rows = [
+            (p.run_id, p.attempt, p.step, p.time, name, value)
+            for p in points
+            for name, value in p.values.items()
+        ]
+        if not rows:
+            return 0
+        with self._db:
+            self._db.execute("BEGIN")
+            before = self._db.total_changes
+            self._db.executemany(
+                "INSERT OR IGNORE INTO metrics (run_id, attempt, step, time, name, value)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            return self._db.total_changes - before
+
+    def metrics(
+        self, run_id: str, name: str | None = None, limit: int = 100_000
+    ) -> list[tuple[int, int, float, str, float]]:
+        """(attempt, step, time, name, value) rows of a run, in attempt and step order."""
+        if name is None:
+            rows = self._db.execute(
+                "SELECT attempt, step, time, name, value FROM metrics WHERE run_id = ?"
+                " ORDER BY attempt, step, name LIMIT ?",
+                (run_id, limit),
+            ).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT attempt, step, time, name, value FROM metrics WHERE run_id = ?"
+                " AND name = ? ORDER BY attempt, step LIMIT ?",
+                (run_id, name, limit),
+            ).fetchall()
+        return [(int(a), int(s), float(t), str(n), float(v)) for a, s, t, n, v in rows]
+
+    def latest_metrics(self, run_id: str) -> tuple[int, dict[str, float]] | None:
+        """The newest step of a run and its values."""
+        row = self._db.execute(
+            "SELECT attempt, step FROM metrics WHERE run_id = ? ORDER BY attempt DESC, step DESC"
+            " LIMIT 1",
+            (run_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        values = self._db.execute(
+            "SELECT name, value FROM metrics WHERE run_id = ? AND attempt = ? AND step = ?",
+            (run_id, row[0], row[1]),
+        ).fetchall()
+        return int(row[1]), {str(n): float(v) for n, v in values}
+
+    # ------------------------------------------------------------------ port leases
+
+    def leased_ports(self) -> set[int]:
+        return {int(p) for (p,) in self._db.execute("SELECT port FROM port_leases").fetchall()}
+
+    def lease_port(self, port: int, run_id: str, attempt: int, now: float) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO port_leases (port, run_id, attempt, leased_at)"
+            " VALUES (?, ?, ?, ?)",
+            (port, run_id, attempt, now),
+        )
+
+    def release_ports(self, run_id: str) -> None:
+        self._db.execute("DELETE FROM port_leases WHERE run_id = ?", (run_id,))
 
     def close(self) -> None:
         self._db.close()

@@ -12,7 +12,15 @@ from gpud.frontend import run_click
 from launch.gpuctl.context import DEFAULT_NODE, Ctl, split_nodes
 from launch.gpuctl.hw import hw_command
 from launch.gpuctl.keys import keys_group
+from launch.gpuctl.launching import launch_command
 from launch.gpuctl.nodes import nodes_command
+from launch.gpuctl.runs import (
+    logs_command,
+    ps_command,
+    resume_command,
+    status_command,
+    stop_command,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,9 +58,28 @@ def cli(ctx: click.Context, nodes: tuple[str, ...], as_json: bool, timeout: floa
     )
 
 
+@cli.command("schema")
+def schema_command() -> None:
+    """Print the JSON schema of run specs (config/schema/runspec.schema.json)."""
+    import json
+
+    from launch.spec import spec_json_schema
+
+    click.echo(json.dumps(spec_json_schema(), indent=2))
+
+
 cli.add_command(nodes_command)
 cli.add_command(hw_command)
 cli.add_command(keys_group)
+for verb in (
+    launch_command,
+    ps_command,
+    status_command,
+    stop_command,
+    resume_command,
+    logs_command,
+):
+    cli.add_command(verb)
 
 
 def main() -> None:

@@ -109,7 +109,9 @@ def test_invalid_body_message_names_the_field() -> None:
 
 def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
     operators = {name for name, m in METHODS.items() if m.role is Role.OPERATOR}
-    assert operators == {"node.events.ack"}
+    assert operators == {"node.events.ack", "run.launch", "run.join", "run.stop", "run.resume"}
+    peers = {name for name, m in METHODS.items() if m.role is Role.PEER}
+    assert peers == {"run.part.start", "run.part.stop", "run.part.status"}
     assert METHODS["node.info"].request is Empty
     assert METHODS["node.events.ack"].request is AckEventsRequest
 
@@ -117,8 +119,14 @@ def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
 def test_roles_allow_downwards_only() -> None:
     assert Role.OPERATOR.allows(Role.VIEWER)
     assert Role.OPERATOR.allows(Role.OPERATOR)
+    assert Role.OPERATOR.allows(Role.PEER)
     assert Role.VIEWER.allows(Role.VIEWER)
     assert not Role.VIEWER.allows(Role.OPERATOR)
+    assert not Role.VIEWER.allows(Role.PEER)
+    # A coordinating daemon may touch run parts only: not read telemetry, not launch.
+    assert Role.PEER.allows(Role.PEER)
+    assert not Role.PEER.allows(Role.VIEWER)
+    assert not Role.PEER.allows(Role.OPERATOR)
 
 
 def test_events_decode_to_their_models_by_topic() -> None:

@@ -1,0 +1,1 @@
+"""Running trainers: the shim, process tracking, per-node supervision, gang coordination."""

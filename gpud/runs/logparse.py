@@ -1,0 +1,146 @@
+"""Reading trainer output: rank prefixes, NCCL trouble, metric regexes, torchrun's verdict.
+
+Pure functions over text, so they are cheap to test against real log lines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpud.snapshot import Severity
+
+#: torchrun --tee prefixes every worker line with `[<role><local_rank>]:`.
+RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:")
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """(local rank, text without the prefix) for a prefixed line; (None, line) otherwise."""
+    match = RANK_PREFIX.match(line)
+    if not match:
+        return None, line
+    return int(match["local"]), line[match.end() :]
+
+
+@dataclass(frozen=True)
+class LinePattern:
+    kind: str
+    severity: Severity
+    pattern: re.Pattern[str]
+    meaning: str
+
+
+#: Log lines worth a run event: NCCL/gloo warnings and the errors that precede hangs.
+TROUBLE: tuple[LinePattern, ...] = (
+    LinePattern(
+        "collective_timeout",
+        "critical",
+        re.compile(r"collective operation timeout|Watchdog caught collective operation", re.I),
+        "a collective timed out: a rank is stuck or gone",
+    ),
+    LinePattern(
+        "nccl_system_error",
+        "critical",
+        re.compile(r"unhandled system error", re.I),
+        "NCCL hit a system error (often the network or a driver)",
+    ),
+    LinePattern(
+        "nccl_remote_error",
+        "critical",
+        re.compile(r"remote process exited or there was a network error", re.I),
+        "a peer rank died or the network failed",
+    ),
+    LinePattern(
+        "nccl_socket_fallback",
+        "warning",
+        re.compile(r"NET/Socket : Using|Using network Socket", re.I),
+        "NCCL is using plain sockets (no InfiniBand/RoCE): expect lower bandwidth",
+    ),
+    LinePattern(
+        "flight_recorder_dump",
+        "warning",
+        re.compile(r"(dump|dumping).{0,40}(flight recorder|nccl trace|debug info)", re.I),
+        "the NCCL flight recorder dumped its trace into the run dir",
+    ),
+    LinePattern(
+        "nccl_warn",
+        "warning",
+        re.compile(r"NCCL WARN"),
+        "NCCL warning",
+    ),
+    LinePattern(
+        "gloo_error",
+        "critical",
+        re.compile(
+            r"Connection closed by peer|Connection reset by peer|Gloo connectFullMesh failed"
+        ),
+        "a gloo peer went away",
+    ),
+)
+
+
+def classify(text: str) -> LinePattern | None:
+    for pattern in TROUBLE:
+        if pattern.pattern.search(text):
+            return pattern
+    return None
+
+
+class MetricExtractor:
+    """The spec's `metrics` regexes: each named group is a metric, `step` is the step."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        self._patterns = [re.compile(p) for p in patterns]
+
+    def __bool__(self) -> bool:
+        return bool(self._patterns)
+
+    def extract(self, text: str) -> tuple[int | None, dict[str, float]]:
+        step: int | None = None
+        values: dict[str, float] = {}
+        for pattern in self._patterns:
+            match = pattern.search(text)
+            if not match:
+                continue
+            for name, raw in match.groupdict().items():
+                if raw is None:
+                    continue
+                try:
+                    number = float(raw)
+                except ValueError:
+                    continue
+                if name == "step":
+                    step = int(number)
+                else:
+                    values[name] = number
+        return step, values
+
+
+@dataclass(frozen=True)
+class RootCause:
+    rank: int | None
+    local_rank: int | None
+    exitcode: int | None
+    signal_name: str | None
+
+
+_ROOT = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*"
+    r"(?P<local>\d+)\).*?exitcode\s*:\s*(?P<code>-?\d+)(?:[^\n]*?\((?P<sig>SIG[A-Z]+)\))?",
+    re.S,
+)
+
+
+def root_cause(text: str) -> RootCause | None:
+    """The first failed rank from torchrun's end-of-run summary, when it printed one."""
+    # The last summary wins: an earlier one may be from a restarted attempt.
+    matches = list(_ROOT.finditer(text))
+    if not matches:
+        return None
+    match = matches[-1]
+    return RootCause(
+        rank=int(match["rank"]),
+        local_rank=int(match["local"]),
+        exitcode=int(match["code"]),
+        signal_name=match["sig"],
+    )

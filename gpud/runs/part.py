@@ -1,0 +1,258 @@
+"""One node's part of one attempt: its shim, its log, its stop, its ending.
+
+A `Part` is a plain object driven by the supervisor's tick: `spawn()` once, then `poll()`
+until it returns an outcome; `request_stop()` starts the escalation that `poll()` carries
+out (handshake → SIGTERM after the grace period → SIGKILL). Everything it learns is
+written into its `AttemptRecord`, which the supervisor persists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpud.runmodel import AttemptRecord, ExitInfo, RunState
+from gpud.runs import procs, shim
+from gpud.runs.logparse import root_cause
+
+log = logging.getLogger("gpud.runs")
+
+SHIM = Path(shim.__file__)
+#: After SIGTERM, how long ranks get before SIGKILL.
+KILL_GRACE_S = 10.0
+#: Most bytes read from a log per tick; the rest waits for the next tick.
+READ_CHUNK = 1 << 20
+#: Lines longer than this are cut (a progress bar without newlines must not eat memory).
+MAX_LINE = 64 * 1024
+ABORT_SIGNALS = {signal.SIGABRT.value}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: RunState
+    reason: str
+    exit: ExitInfo
+
+
+class Part:
+    def __init__(self, record: AttemptRecord, clock: Callable[[], float]) -> None:
+        self.record = record
+        self._clock = clock
+        self.dir = Path(record.attempt_dir)
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._partial = b""
+        self._stop_at: float | None = None  # when SIGTERM is due
+        self._kill_at: float | None = None  # when SIGKILL is due
+        self._termed = False
+        self._killed = False
+        self.pids_seen: set[int] = set()
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "output.log"
+
+    @property
+    def exit_path(self) -> Path:
+        return self.dir / "exit.json"
+
+    def update(self, **changes: object) -> None:
+        self.record = self.record.model_copy(update=changes)
+
+    # ------------------------------------------------------------------ start
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, files: dict[str, str]) -> None:
+        """Write the attempt dir and start the shim in a session of its own."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for name, content in files.items():
+            (self.dir / name).write_text(content)
+        self.log_path.touch()
+        spec_path = self.dir / "shim.json"
+        spec_path.write_text(
+            json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": str(self.log_path)})
+        )
+        spec_path.chmod(0o600)  # the environment may hold secrets (WANDB_API_KEY...)
+        self._popen = subprocess.Popen(
+            # The shim is stdlib-only: run its file without site-packages (-S), which takes
+            # ~40 ms off every launch.
+            [sys.executable, "-S", str(SHIM), str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "shim.log", "ab"),  # noqa: SIM115 - the child keeps it
+            start_new_session=True,
+            close_fds=True,
+        )
+        now = self._clock()
+        self.update(
+            state=RunState.STARTING,
+            state_since=now,
+            started_at=now,
+            shim_pid=self._popen.pid,
+            shim_started=procs.create_time(self._popen.pid),
+        )
+
+    # ------------------------------------------------------------------ running
+
+    def shim_alive(self) -> bool:
+        if self._popen is not None and self._popen.poll() is not None:
+            return False  # our own child: reaped, so certainly gone
+        return procs.is_alive(self.record.shim_pid, self.record.shim_started)
+
+    def read_lines(self) -> list[str]:
+        """Complete lines appended to the log since the last call."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.record.log_offset)
+                data = f.read(READ_CHUNK)
+        except OSError:
+            return []
+        if not data:
+            return []
+        self.update(log_offset=self.record.log_offset + len(data))
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > MAX_LINE:
+            lines.append(self._partial)
+            self._partial = b""
+        return [line[:MAX_LINE].decode(errors="replace").rstrip("\r") for line in lines]
+
+    def remember_pids(self) -> None:
+        """Note every process of the part (for the stop check and the GPU-memory check)."""
+        self.pids_seen.update(p.pid for p in procs.tree(self.record.shim_pid))
+
+    # ------------------------------------------------------------------ stopping
+
+    def request_stop(self, grace_s: float, force: bool) -> None:
+        now = self._clock()
+        if force:
+            self._stop_at = now
+            self._kill_at = now
+        elif self._stop_at is None:
+            # No library in the trainers: nobody listens for the handshake, signal at once.
+            self._stop_at = now + (grace_s if self.record.library else 0.0)
+            self._kill_at = self._stop_at + KILL_GRACE_S
+        self.update(stop_requested=True, state=RunState.STOPPING, state_since=now)
+
+    def escalate(self) -> str | None:
+        """Send the signal that is due, if any; returns a line for the run's events."""
+        now = self._clock()
+        members = [p for p in procs.tree(self.record.shim_pid)]
+        if self._kill_at is not None and now >= self._kill_at and not self._killed:
+            self._killed = True
+            hit = procs.send(members, signal.SIGKILL)
+            return f"SIGKILL to {len(hit)} process(es)" if hit else None
+        if self._stop_at is not None and now >= self._stop_at and not self._termed:
+            self._termed = True
+            hit = procs.send(members, signal.SIGTERM)
+            return f"SIGTERM to {len(hit)} process(es)" if hit else None
+        return None
+
+    # ------------------------------------------------------------------ ending
+
+    def outcome(self) -> Outcome | None:
+        """The attempt's ending on this node, once the shim has recorded it (or vanished)."""
+        if self._popen is not None:
+            self._popen.poll()  # reap the shim if it was ours
+        if self.exit_path.exists():
+            try:
+                raw = json.loads(self.exit_path.read_text())
+            except (OSError, ValueError):
+                return None  # being written: next tick
+            return self._judge(raw)
+        if self.shim_alive():
+            return None
+        # The shim is gone without a record: kill -9 of the shim, or a reboot.
+        leftovers = procs.tagged(self.record.run_id, self.record.attempt)
+        procs.send(leftovers, signal.SIGKILL)
+        info = ExitInfo(leftovers_killed=[p.pid for p in leftovers])
+        if self.record.stop_requested:
+            return Outcome(RunState.STOPPED, "stopped (the shim was gone)", info)
+        return Outcome(RunState.FAILED, "the shim process died; its part was killed", info)
+
+    def _judge(self, raw: dict[str, object]) -> Outcome:
+        code = raw.get("exit_code")
+        sig = raw.get("signal")
+        info = ExitInfo(
+            exit_code=code if isinstance(code, int) else None,
+            signal=sig if isinstance(sig, int) else None,
+            leftovers_killed=_int_list(raw.get("leftovers_killed")),
+        )
+        cause = root_cause(self._log_tail())
+        if cause is not None:
+            info = info.model_copy(
+                update={
+                    "failed_rank": cause.rank,
+                    "failed_local_rank": cause.local_rank,
+                    "failed_exit": cause.signal_name or f"exit {cause.exitcode}",
+                }
+            )
+        ok = info.exit_code == 0
+        finished = self.record.finished
+        if self.record.stop_requested:
+            if ok and finished:
+                return Outcome(RunState.SUCCEEDED, "finished before the stop took effect", info)
+            return Outcome(RunState.STOPPED, "stopped on request", info)
+        if ok:
+            return Outcome(RunState.SUCCEEDED, "exit 0", info)
+        aborted = (
+            cause is not None
+            and (cause.exitcode or 0) < 0
+            and -(cause.exitcode or 0) in ABORT_SIGNALS
+        )
+        if finished and aborted:
+            info = info.model_copy(update={"teardown_abort": True})
+            return Outcome(
+                RunState.FAILED,
+                f"training finished, but rank {cause.rank} aborted at interpreter exit "  # type: ignore[union-attr]
+                "(SIGABRT): the known gloo teardown problem; end the script with "
+                "run.finish()",
+                info,
+            )
+        return Outcome(RunState.FAILED, self._failure_reason(info), info)
+
+    def _failure_reason(self, info: ExitInfo) -> str:
+        if raw_error := self._shim_error():
+            return raw_error
+        what = (
+            f"signal {signal.Signals(info.signal).name}"
+            if info.signal
+            else f"exit code {info.exit_code}"
+        )
+        if info.failed_rank is not None:
+            return f"rank {info.failed_rank} failed first ({info.failed_exit}); launcher {what}"
+        return f"launcher ended with {what}"
+
+    def _shim_error(self) -> str | None:
+        try:
+            raw = json.loads(self.exit_path.read_text())
+        except (OSError, ValueError):
+            return None
+        error = raw.get("error")
+        return f"could not start the launcher: {error}" if error else None
+
+    def _log_tail(self, size: int = 64 * 1024) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - size))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def leftovers(self) -> list[int]:
+        """Processes of this attempt still alive after it ended (should be none)."""
+        pids = {p.pid for p in procs.tagged(self.record.run_id, self.record.attempt)}
+        pids.update(p.pid for p in procs.tree(self.record.shim_pid))
+        return sorted(pids)
+
+
+def _int_list(value: object) -> list[int]:
+    return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []

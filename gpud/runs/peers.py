@@ -1,0 +1,52 @@
+"""Node 0's link to the other daemons of a run.
+
+Node 0 calls the other nodes with its own server key pair as a client key; each of those
+nodes accepts that key as a `peer`, for exactly the runs it joined with node 0 as their
+coordinator (the operator's join request vouched for it). Calls are synchronous, so the
+supervisor runs them in a thread.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from pydantic import BaseModel
+
+from gpud.client import Client, ClientError, NodeTarget
+from gpud.keys import KeyPair
+from gpud.protocol import Message
+from gpud.runmodel import NodeRef
+
+PEER_TIMEOUT_S = 3.0
+
+
+class PeerLink:
+    def __init__(self, ref: NodeRef, keys: KeyPair | None) -> None:
+        self.ref = ref
+        self._keys = keys
+        self._lock = threading.Lock()
+        self._client: Client | None = None
+
+    def call(self, type_: str, body: Message) -> BaseModel:
+        """One request; raises ClientError. Thread-safe (one call at a time per peer)."""
+        with self._lock:
+            if self._client is None:
+                target = NodeTarget(
+                    control=self.ref.control,
+                    server_key=self.ref.server_key.encode() if self.ref.server_key else None,
+                    name=self.ref.name,
+                )
+                self._client = Client(target, keys=self._keys, timeout_s=PEER_TIMEOUT_S)
+            try:
+                return self._client.call(type_, body)
+            except ClientError:
+                # A fresh connection next time: the peer may have restarted.
+                self._client.close()
+                self._client = None
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None

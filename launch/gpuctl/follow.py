@@ -1,0 +1,72 @@
+"""Following a run until it ends: a progress line for people, exit codes for scripts."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from gpud.client import ClientError
+from gpud.protocol import RunStatus, RunSummary
+from gpud.runmodel import RunState
+from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, Ctl
+from launch.gpuctl.runref import FoundRun, refresh
+
+BAR_WIDTH = 24
+POLL_S = 0.5
+
+
+def progress_line(run: RunSummary) -> str:
+    step = run.last_step
+    total = run.max_steps
+    if step is not None and total:
+        done = min(1.0, (step + 1) / total)
+        filled = int(done * BAR_WIDTH)
+        bar = "█" * filled + "░" * (BAR_WIDTH - filled)
+        where = f"[{bar}] step {step + 1}/{total}"
+    elif step is not None:
+        where = f"step {step + 1}"
+    else:
+        where = "waiting for the first step"
+    loss = run.last_values.get("loss")
+    loss_text = f"  loss {loss:.4f}" if loss is not None else ""
+    return f"{run.id}  {run.state.value:<9} attempt {run.attempt}  {where}{loss_text}"
+
+
+def outcome_line(run: RunSummary) -> str:
+    return f"{run.id} {run.state.value}" + (f": {run.reason}" if run.reason else "")
+
+
+def follow(ctl: Ctl, run: FoundRun, quiet: bool = False) -> int:
+    """Poll until the run ends; prints progress (not with --json). 0 if it succeeded."""
+    tty = sys.stderr.isatty() and not ctl.json and not quiet
+    last_printed = ""
+    unreachable_since: float | None = None
+    status: RunStatus = run.status
+    while True:
+        try:
+            status = refresh(ctl, run)
+            unreachable_since = None
+        except ClientError as exc:
+            # A daemon restarting is not the end of the run: wait a while for it.
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > max(30.0, ctl.timeout * 3):
+                click.echo(f"gpuctl: error: lost the run's nodes: {exc}", err=True)
+                return EXIT_FAILED
+            time.sleep(1.0)
+            continue
+        summary = status.run
+        line = progress_line(summary)
+        if not ctl.json and not quiet and line != last_printed:
+            if tty:
+                click.echo("\r" + line.ljust(len(last_printed)), nl=False, err=True)
+            else:
+                click.echo(line, err=True)
+            last_printed = line
+        if summary.state.terminal:
+            break
+        time.sleep(POLL_S)
+    if tty:
+        click.echo("", err=True)
+    return EXIT_OK if status.run.state is RunState.SUCCEEDED else EXIT_FAILED

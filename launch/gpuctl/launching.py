@@ -1,0 +1,165 @@
+"""`gpuctl launch CONFIG`: validate the spec, start it on every node, optionally follow it.
+
+Node 0 creates the run and leases its MASTER_PORT; then every other node joins with its
+node rank. If a node cannot join, node 0 is told to stop the run, so nothing is left half
+started. `--dry-run` asks every node what it would run and prints exactly that.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from gpud.client import Client, ClientError, NodeTarget
+from gpud.protocol import (
+    JoinReply,
+    JoinRequest,
+    LaunchReply,
+    LaunchRequest,
+    NodeRefIn,
+    PartPlan,
+    StopRequest,
+)
+from launch.gpuctl.context import (
+    EXIT_OK,
+    EXIT_USAGE,
+    Ctl,
+    exit_code_for,
+    fail,
+    json_option,
+)
+from launch.gpuctl.follow import follow, outcome_line
+from launch.gpuctl.output import emit_json
+from launch.gpuctl.runref import find_run
+from launch.spec import RunSpec, SpecError, load_spec
+
+
+def _node_ref(target: NodeTarget) -> NodeRefIn:
+    return NodeRefIn(
+        control=target.control,
+        server_key=target.server_key.decode() if target.server_key else None,
+        name=target.name,
+    )
+
+
+def render_plan(plan: PartPlan, address: str) -> str:
+    """A shell-like rendering of what a node runs, for reading (never executed)."""
+    env = " \\\n  ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
+    files = "".join(f"\n# writes {name} into the attempt dir" for name in sorted(plan.files))
+    return (
+        f"# node {plan.node_rank}: {plan.node} ({address})\n"
+        f"cd {shlex.quote(plan.cwd)}\n"
+        f"env \\\n  {env} \\\n  {shlex.join(plan.argv)}{files}"
+    )
+
+
+def _targets(ctl: Ctl, spec: RunSpec) -> list[NodeTarget]:
+    if not ctl.explicit_nodes and spec.nodes:
+        ctl.nodes = list(spec.nodes)
+    return ctl.targets()
+
+
+def _start(
+    ctl: Ctl, spec: RunSpec, targets: list[NodeTarget], dry_run: bool
+) -> tuple[LaunchReply, list[JoinReply]]:
+    refs = [_node_ref(t) for t in targets]
+    body = spec.model_dump(mode="json")
+    with Client(targets[0], timeout_s=ctl.timeout) as client:
+        reply = client.call("run.launch", LaunchRequest(spec=body, nodes=refs, dry_run=dry_run))
+    assert isinstance(reply, LaunchReply)
+    joins: list[JoinReply] = []
+    for rank, target in enumerate(targets[1:], start=1):
+        request = JoinRequest(
+            run_id=reply.run.id,
+            spec=body,
+            nodes=refs,
+            node_rank=rank,
+            master_addr=reply.master_addr,
+            master_port=reply.master_port,
+            dry_run=dry_run,
+        )
+        try:
+            with Client(target, timeout_s=ctl.timeout) as client:
+                joined = client.call("run.join", request)
+        except ClientError as exc:
+            if not dry_run:
+                _abandon(ctl, targets[0], reply.run.id)
+            fail(f"{target.label} could not join run {reply.run.id}: {exc}", exit_code_for(exc))
+        assert isinstance(joined, JoinReply)
+        joins.append(joined)
+    return reply, joins
+
+
+def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
+    try:
+        with Client(coordinator, timeout_s=ctl.timeout) as client:
+            client.call("run.stop", StopRequest(run=run_id, force=True))
+    except ClientError as exc:
+        click.echo(f"gpuctl: warning: could not stop {run_id} on node 0: {exc}", err=True)
+
+
+@click.command("launch")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--name", help="Run name (overrides the spec's `name`).")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a spec key, e.g. --set training.max_steps=100 (repeatable).",
+)
+@click.option("--wait", is_flag=True, help="Follow the run; exit 0 if it succeeds, else 1.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print each node's exact command and env; start nothing."
+)
+@json_option
+@click.pass_obj
+def launch_command(
+    ctl: Ctl,
+    config: Path,
+    name: str | None,
+    overrides: tuple[str, ...],
+    wait: bool,
+    dry_run: bool,
+) -> None:
+    """Launch the run described by CONFIG (a YAML run spec) on its nodes."""
+    try:
+        spec = load_spec(config, [*overrides, *([f"name={name}"] if name else [])])
+    except SpecError as exc:
+        fail(str(exc), EXIT_USAGE)
+    targets = _targets(ctl, spec)
+    try:
+        reply, joins = _start(ctl, spec, targets, dry_run)
+    except ClientError as exc:
+        fail(f"{targets[0].label}: {exc}", exit_code_for(exc))
+    if dry_run:
+        plans = [p for p in [reply.plan, *(j.plan for j in joins)] if p is not None]
+        if ctl.json:
+            emit_json({"nodes": plans})
+        else:
+            click.echo(
+                "\n\n".join(render_plan(p, t.label) for p, t in zip(plans, targets, strict=True))
+            )
+        return
+    run = reply.run
+    if ctl.json and not wait:
+        emit_json({"run": run})
+        return
+    if not ctl.json:
+        where = ", ".join(t.label for t in targets)
+        click.echo(
+            f"launched {run.id} on {len(targets)} node(s) ({where}); "
+            f"master {reply.master_addr}:{reply.master_port}"
+        )
+    if not wait:
+        return
+    found = find_run(ctl, run.id)
+    code = follow(ctl, found)
+    if ctl.json:
+        emit_json({"run": found.status.run})
+    else:
+        click.echo(outcome_line(found.status.run))
+    sys.exit(code if code != EXIT_OK else EXIT_OK)

@@ -1,0 +1,309 @@
+"""`gpuctl ps | status | stop | resume | logs`: runs after they are launched."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from gpud.client import Client, ClientError
+from gpud.protocol import (
+    ListRequest,
+    LogChunk,
+    LogsRequest,
+    ResumeRequest,
+    RunList,
+    RunSummary,
+    StopRequest,
+)
+from gpud.runmodel import RunState
+from launch.gpuctl.context import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Ctl,
+    exit_code_for,
+    fail,
+    json_option,
+    report_errors,
+    worst_exit_code,
+)
+from launch.gpuctl.follow import follow, outcome_line, progress_line
+from launch.gpuctl.output import emit_json, human_duration, table
+from launch.gpuctl.runref import FoundRun, find_run
+
+run_argument = click.argument("run", metavar="RUN")
+
+
+def _age(since: float) -> str:
+    return human_duration(max(0.0, time.time() - since))
+
+
+def _shape(run: RunSummary) -> str:
+    procs = "?" if run.nproc is None else str(run.nproc)
+    return f"{len(run.nodes)}x{procs}"
+
+
+@click.command("ps")
+@click.option("--active", is_flag=True, help="Only runs that have not ended.")
+@json_option
+@click.pass_obj
+def ps_command(ctl: Ctl, active: bool) -> None:
+    """Runs across the given nodes (newest first)."""
+    results = ctl.on_each(
+        ctl.targets(), lambda client: client.call("run.list", ListRequest(active_only=active))
+    )
+    merged: dict[str, RunSummary] = {}
+    for result in results:
+        if isinstance(result.value, RunList):
+            for run in result.value.runs:
+                # Node 0's record speaks for the whole gang.
+                if run.id not in merged or run.node_rank == 0:
+                    merged[run.id] = run
+    runs = sorted(merged.values(), key=lambda r: r.created_at, reverse=True)
+    if ctl.json:
+        emit_json({"runs": runs})
+    else:
+        rows = [
+            [
+                r.id,
+                r.name,
+                r.state.value,
+                _shape(r),
+                "-" if r.last_step is None else str(r.last_step),
+                "-" if "loss" not in r.last_values else f"{r.last_values['loss']:.4f}",
+                str(r.attempt),
+                _age(r.created_at),
+                (r.reason or "")[:60],
+            ]
+            for r in runs
+        ]
+        click.echo(
+            table(
+                ["RUN", "NAME", "STATE", "NODES", "STEP", "LOSS", "ATTEMPT", "AGE", "REASON"], rows
+            )
+        )
+    report_errors(results)
+    sys.exit(worst_exit_code(results))
+
+
+@click.command("status")
+@run_argument
+@json_option
+@click.pass_obj
+def status_command(ctl: Ctl, run: str) -> None:
+    """One run in detail: state and why, every node's part, attempts, recent events."""
+    found = find_run(ctl, run)
+    status = found.status
+    if ctl.json:
+        emit_json(status)
+        return
+    r = status.run
+    lines = [
+        f"run       {r.id} ({r.name}), {r.launcher}",
+        f"state     {r.state.value} for {_age(r.state_since)}"
+        + (f": {r.reason}" if r.reason else ""),
+        f"progress  {progress_line(r)}",
+        f"attempt   {r.attempt} (restarts {r.restarts})",
+    ]
+    if r.last_checkpoint:
+        lines.append(f"checkpoint {r.last_checkpoint.path} (step {r.last_checkpoint.step})")
+    lines += [
+        "",
+        table(
+            ["NODE", "ADDRESS", "STATE", "REASON"],
+            [
+                [
+                    str(p.node_rank),
+                    p.node.control.removeprefix("tcp://"),
+                    p.state.value if p.state else "?",
+                    p.error or p.reason or "",
+                ]
+                for p in status.parts
+            ],
+        ),
+    ]
+    if status.attempts:
+        lines += [
+            "",
+            table(
+                ["ATTEMPT", "STATE", "PORT", "EXIT", "REASON"],
+                [
+                    [
+                        str(a.attempt),
+                        a.state.value,
+                        str(a.master_port),
+                        _exit_text(a.exit.exit_code, a.exit.signal) if a.exit else "-",
+                        a.reason or "",
+                    ]
+                    for a in status.attempts
+                ],
+            ),
+        ]
+    if status.events:
+        lines += ["", "recent events:"]
+        lines += [
+            f"  {time.strftime('%H:%M:%S', time.localtime(e.time))} {e.node:<10} "
+            f"{e.kind:<12} {e.message}"
+            for e in status.events[-15:]
+        ]
+    click.echo("\n".join(lines))
+
+
+def _exit_text(code: int | None, signal: int | None) -> str:
+    if signal:
+        return f"signal {signal}"
+    return "-" if code is None else str(code)
+
+
+@click.command("stop")
+@run_argument
+@click.option("--force", is_flag=True, help="No checkpoint handshake, no grace: SIGKILL now.")
+@click.option("--no-wait", is_flag=True, help="Return once the stop is requested.")
+@json_option
+@click.pass_obj
+def stop_command(ctl: Ctl, run: str, force: bool, no_wait: bool) -> None:
+    """Stop a run: ask its trainers to checkpoint and exit, then signal what is left."""
+    found = find_run(ctl, run)
+    if found.status.run.state.terminal:
+        _finish(ctl, found, f"{found.id} already {found.status.run.state.value}")
+        return
+    errors = _ask_nodes(ctl, found, StopRequest(run=found.id, force=force))
+    if errors and len(errors) == len(found.nodes):
+        fail(str(errors[0]), exit_code_for(errors[0]))
+    if no_wait:
+        _finish(ctl, found, f"stopping {found.id}")
+        return
+    follow(ctl, found, quiet=True)
+    state = found.status.run.state
+    _finish(ctl, found, outcome_line(found.status.run))
+    sys.exit(EXIT_OK if state is RunState.STOPPED else EXIT_FAILED)
+
+
+def _ask_nodes(ctl: Ctl, found: FoundRun, request: StopRequest) -> list[ClientError]:
+    """Node 0 stops the gang; if it cannot be reached, ask every node for its part."""
+    try:
+        with Client(found.coordinator, timeout_s=ctl.timeout) as client:
+            client.call("run.stop", request)
+        return []
+    except ClientError as exc:
+        errors = [exc]
+    for target in found.nodes[1:]:
+        try:
+            with Client(target, timeout_s=ctl.timeout) as client:
+                client.call("run.stop", request)
+        except ClientError as exc:
+            errors.append(exc)
+    return errors
+
+
+def _finish(ctl: Ctl, found: FoundRun, message: str) -> None:
+    if ctl.json:
+        emit_json({"run": found.status.run})
+    else:
+        click.echo(message)
+
+
+@click.command("resume")
+@run_argument
+@click.option("--wait", is_flag=True, help="Follow the run; exit 0 if it succeeds, else 1.")
+@json_option
+@click.pass_obj
+def resume_command(ctl: Ctl, run: str, wait: bool) -> None:
+    """Start a new attempt of a stopped or failed run from its latest checkpoint."""
+    found = find_run(ctl, run)
+    try:
+        with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
+            summary = client.call("run.resume", ResumeRequest(run=found.id))
+    except ClientError as exc:
+        fail(str(exc), exit_code_for(exc))
+    assert isinstance(summary, RunSummary)
+    found.status = found.status.model_copy(update={"run": summary})
+    if not wait:
+        _finish(ctl, found, f"resumed {summary.id} as attempt {summary.attempt}")
+        return
+    code = follow(ctl, found)
+    _finish(ctl, found, outcome_line(found.status.run))
+    sys.exit(code)
+
+
+@click.command("logs")
+@run_argument
+@click.option("-f", "--follow", "follow_", is_flag=True, help="Keep printing new lines.")
+@click.option("--node", "node", help="Only this node: its rank (0, 1, ...) or HOST:PORT.")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this global rank's lines.")
+@click.option("--tail", type=click.IntRange(min=1), help="Start with the last N lines.")
+@click.option("--attempt", type=click.IntRange(min=1), help="An earlier attempt [latest].")
+@json_option
+@click.pass_obj
+def logs_command(
+    ctl: Ctl,
+    run: str,
+    follow_: bool,
+    node: str | None,
+    rank: int | None,
+    tail: int | None,
+    attempt: int | None,
+) -> None:
+    """A run's captured output (every rank's lines, with torchrun's rank prefixes)."""
+    found = find_run(ctl, run)
+    ranks = _pick_nodes(found, node)
+    offsets: dict[int, int | None] = {r: None for r in ranks}
+    multi = len(found.nodes) > 1 and node is None
+    attempt = attempt or found.status.run.attempt
+    while True:
+        ended = True
+        for node_rank in ranks:
+            chunk = _read(
+                ctl,
+                found,
+                node_rank,
+                LogsRequest(
+                    run=found.id,
+                    attempt=attempt,
+                    offset=offsets[node_rank],
+                    tail_lines=tail if offsets[node_rank] is None else None,
+                    rank=rank,
+                ),
+            )
+            if chunk is None:
+                continue
+            offsets[node_rank] = chunk.next_offset
+            ended = ended and chunk.ended
+            prefix = f"[node{node_rank}] " if multi else ""
+            for line in chunk.lines:
+                if ctl.json:
+                    emit_json({"node": node_rank, "attempt": chunk.attempt, "line": line})
+                else:
+                    click.echo(prefix + line)
+            if chunk.next_offset < chunk.size:
+                ended = False  # more to read right away
+        if not follow_ or ended:
+            return
+        time.sleep(0.5)
+
+
+def _pick_nodes(found: FoundRun, node: str | None) -> list[int]:
+    if node is None:
+        return list(range(len(found.nodes)))
+    if node.isdigit() and int(node) < len(found.nodes):
+        return [int(node)]
+    for rank, target in enumerate(found.nodes):
+        if node in (target.label, target.control, target.name):
+            return [rank]
+    fail(
+        f"run {found.id} has no node {node!r} (use 0..{len(found.nodes) - 1} or HOST:PORT)",
+        EXIT_USAGE,
+    )
+
+
+def _read(ctl: Ctl, found: FoundRun, node_rank: int, request: LogsRequest) -> LogChunk | None:
+    try:
+        with Client(found.nodes[node_rank], timeout_s=ctl.timeout) as client:
+            chunk = client.call("run.logs", request)
+    except ClientError as exc:
+        click.echo(f"gpuctl: error: node {node_rank}: {exc}", err=True)
+        return None
+    assert isinstance(chunk, LogChunk)
+    return chunk

@@ -1,0 +1,444 @@
+"""What a run is: the YAML run spec, validated strictly by pydantic.
+
+A person writes these, so every model forbids unknown keys (a typo fails loudly, naming the
+key and the nearest valid one) and cross-field rules reject impossible combinations before
+anything starts. `load_spec()` turns a file plus `--set` overrides into a `RunSpec`, or a
+`SpecError` whose message names the file, the key path and what was expected.
+
+Paths in a spec are resolved by gpuctl against the config file's directory (`workdir`,
+`deepspeed.config`), so what travels to the daemons is self-contained: the DeepSpeed JSON
+is inlined, the workdir is absolute.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpud.known_nodes import AddressError, parse_endpoint
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Environment variables gpud sets itself; a spec may not override them.
+RESERVED_ENV_PREFIX = "GPUD_"
+
+
+class SpecError(ValueError):
+    """A run spec that cannot be used; `str()` is one line naming file, key and problem."""
+
+
+class Launcher(str, Enum):
+    TORCHRUN = "torchrun"
+    DEEPSPEED = "deepspeed"
+    ACCELERATE = "accelerate"
+    PYTHON = "python"
+
+
+class SpecModel(BaseModel):
+    """Base of every spec section: strict about keys, immutable once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+
+Precision = Literal["fp32", "fp16", "bf16"]
+
+
+class DeepSpeedSettings(SpecModel):
+    """DeepSpeed: a JSON config (a path, inlined by gpuctl) or the common fields inline."""
+
+    config: str | dict[str, Any] | None = Field(
+        None, description="path to a DeepSpeed JSON config (relative to this file), or its content"
+    )
+    zero_stage: int = Field(2, ge=0, le=3, description="ZeRO stage 0 to 3")
+    offload_optimizer: bool = Field(False, description="keep optimizer state on the CPU")
+    offload_params: bool = Field(False, description="keep parameters on the CPU (ZeRO-3 only)")
+    precision: Precision | None = Field(
+        None, description="fp16 or bf16 (default: training.mixed_precision, else fp32)"
+    )
+    gradient_accumulation: int | None = Field(
+        None, ge=1, description="default: training.gradient_accumulation"
+    )
+    gradient_clipping: float | None = Field(None, gt=0, description="max gradient norm")
+    config_arg: str | None = Field(
+        "--deepspeed_config",
+        description="script argument that receives the JSON path (null: env only)",
+    )
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="more DeepSpeed JSON keys, merged in as given"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeepSpeedSettings:
+        inline = self.model_fields_set - {"config", "config_arg"}
+        if self.config is not None and inline:
+            raise ValueError(
+                f"deepspeed.config and inline fields ({', '.join(sorted(inline))}) are "
+                "exclusive: put everything in the JSON file, or drop `config`"
+            )
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError("deepspeed.offload_params needs zero_stage: 3")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("deepspeed.offload_optimizer needs zero_stage 1, 2 or 3")
+        return self
+
+
+class AccelerateSettings(SpecModel):
+    """Options handed to `accelerate launch`."""
+
+    mixed_precision: Literal["no", "fp16", "bf16", "fp8"] | None = Field(
+        None, description="accelerate's --mixed_precision (default: training.mixed_precision)"
+    )
+    use_cpu: bool | None = Field(
+        None, description="train on CPU processes (default: when the node has no real GPU)"
+    )
+    dynamo_backend: str | None = Field(None, description="accelerate's --dynamo_backend")
+    gradient_accumulation_steps: int | None = Field(None, ge=1)
+    num_cpu_threads_per_process: int | None = Field(None, ge=1)
+    config_file: str | None = Field(None, description="an accelerate config file on the nodes")
+    extra_args: list[str] = Field(
+        default_factory=list, description="more `accelerate launch` flags, as given"
+    )
+
+
+class TrainingHints(SpecModel):
+    """Hints handed to trainers through the environment (GPUD_*)."""
+
+    auto: bool = Field(False, description="fill unset hints from the node's hardware table")
+    batch_size_per_gpu: int | None = Field(None, ge=1)
+    gradient_accumulation: int | None = Field(None, ge=1)
+    mixed_precision: Precision | None = None
+    gradient_checkpointing: bool | None = None
+    lr: float | None = Field(None, gt=0, description="learning rate at lr_base_world_size")
+    lr_scaling: Literal["linear", "sqrt", "none"] = Field(
+        "none", description="how lr scales with the world size"
+    )
+    lr_base_world_size: int = Field(1, ge=1, description="world size `lr` was tuned for")
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps to train")
+    seed: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _scaling_needs_lr(self) -> TrainingHints:
+        if self.lr_scaling != "none" and self.lr is None:
+            raise ValueError(f"training.lr_scaling: {self.lr_scaling} needs training.lr")
+        return self
+
+
+class CheckpointSettings(SpecModel):
+    dir: str | None = Field(None, description="default: <run-dir>/checkpoints")
+    keep_last: int = Field(3, ge=1, description="checkpoints to keep")
+    every_steps: int | None = Field(None, ge=1, description="save every N steps (hint)")
+
+
+class ResumeSettings(SpecModel):
+    """How a resumed attempt finds its checkpoint and tells the trainer."""
+
+    args: list[str] = Field(
+        default_factory=list,
+        description="appended to the script's args on resume (e.g. --init_from=resume)",
+    )
+    latest: Literal["auto", "reported", "newest"] = Field(
+        "auto",
+        description="reported: what the trainer reported; newest: the newest match of "
+        "`pattern` in the checkpoint dir; auto: reported, else newest",
+    )
+    pattern: str = Field("*", description="glob for checkpoints in the checkpoint dir")
+
+
+class RestartSettings(SpecModel):
+    max_attempts: int = Field(0, ge=0, le=1000, description="automatic restarts after failure")
+    backoff_s: float = Field(10.0, ge=0, le=3600, description="wait before the first restart")
+    backoff_max_s: float = Field(300.0, ge=0, le=86400, description="cap of the doubling wait")
+
+
+class MetricPattern(SpecModel):
+    """A regex over log lines; each named group becomes a metric (`step` is the step)."""
+
+    pattern: str = Field(description=r"e.g. 'iter (?P<step>\d+): loss (?P<loss>[\d.]+)'")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            compiled = re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regex: {exc}") from None
+        if not set(compiled.groupindex) - {"step"}:
+            raise ValueError("needs a named group for a metric, e.g. (?P<loss>[0-9.]+)")
+        return value
+
+
+class NcclSettings(SpecModel):
+    """Presets for NCCL and PyTorch distributed environment variables."""
+
+    debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(
+        "WARN", description="NCCL_DEBUG"
+    )
+    debug_subsys: str | None = Field(None, description="NCCL_DEBUG_SUBSYS")
+    socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME")
+    ib_disable: bool = Field(False, description="NCCL_IB_DISABLE=1")
+    p2p_disable: bool = Field(False, description="NCCL_P2P_DISABLE=1")
+    flight_recorder: bool = Field(
+        True, description="PyTorch's NCCL flight recorder, dumped into the run dir on timeout"
+    )
+    trace_buffer_size: int = Field(2000, ge=1, description="TORCH_FR_BUFFER_SIZE")
+    timeout_s: int | None = Field(
+        None, ge=1, description="collective timeout the trainers library uses"
+    )
+    async_error_handling: bool = Field(True, description="TORCH_NCCL_ASYNC_ERROR_HANDLING=1")
+
+
+class WandbSettings(SpecModel):
+    project: str | None = None
+    entity: str | None = None
+    mode: Literal["online", "offline", "disabled"] = "online"
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+
+
+class RunSpec(SpecModel):
+    """One run: what to start on which nodes, and how to watch, stop and resume it."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN, description="a name for people and UIs")]
+    nodes: list[str] = Field(
+        default_factory=list, description="daemon addresses HOST:PORT; node 0 coordinates"
+    )
+    nproc_per_node: int | Literal["auto"] = Field(
+        "auto", description="processes per node; auto: all GPUs, or 1 without GPUs"
+    )
+    launcher: Launcher = Launcher.TORCHRUN
+    script: str | None = Field(None, description="script path (relative to workdir)")
+    module: str | None = Field(None, description="python module to run instead of a script")
+    args: list[str] = Field(default_factory=list, description="arguments for the script")
+    python: str | None = Field(
+        None, description="interpreter on the nodes (default: the one gpud runs under)"
+    )
+    workdir: str | None = Field(None, description="working directory (relative to this file)")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    backend: Literal["nccl", "gloo", "auto"] = Field(
+        "auto", description="auto: nccl on GPUs, gloo on CPU"
+    )
+    master_addr: str | None = Field(
+        None, description="rendezvous host (default: node 0's host as gpuctl reaches it)"
+    )
+    deepspeed: DeepSpeedSettings | None = None
+    accelerate: AccelerateSettings | None = None
+    training: TrainingHints = Field(default_factory=TrainingHints)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    resume: ResumeSettings = Field(default_factory=ResumeSettings)
+    restart: RestartSettings = Field(default_factory=RestartSettings)
+    stop_grace_s: float = Field(
+        30.0, ge=0, le=3600, description="how long a stop waits for the checkpoint handshake"
+    )
+    metrics: list[MetricPattern] = Field(
+        default_factory=list, description="log-line regexes for trainers without the library"
+    )
+    nccl: NcclSettings = Field(default_factory=NcclSettings)
+    wandb: WandbSettings | None = None
+
+    @field_validator("nproc_per_node", mode="before")
+    @classmethod
+    def _nproc(cls, value: Any) -> Any:
+        if value == "auto" or (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        ):
+            return value
+        raise ValueError(f"expected a positive number of processes or 'auto', got {value!r}")
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, value: list[str]) -> list[str]:
+        endpoints = []
+        for text in value:
+            try:
+                endpoints.append(parse_endpoint(text))
+            except AddressError as exc:
+                raise ValueError(str(exc)) from None
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError("a node is listed twice")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if key.startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"{key} is set by gpud itself; use another name")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunSpec:
+        if (self.script is None) == (self.module is None):
+            raise ValueError("give exactly one of `script` and `module`")
+        if self.launcher is Launcher.PYTHON:
+            if self.nproc_per_node not in (1, "auto"):
+                raise ValueError("launcher: python starts one process; use nproc_per_node: 1")
+            if len(self.nodes) > 1:
+                raise ValueError("launcher: python runs on one node; use torchrun for several")
+        if self.deepspeed is not None and self.launcher not in (
+            Launcher.DEEPSPEED,
+            Launcher.TORCHRUN,
+        ):
+            raise ValueError(
+                "`deepspeed` settings need launcher: deepspeed (or torchrun, with "
+                "deepspeed.initialize inside the script)"
+            )
+        if self.accelerate is not None and self.launcher is not Launcher.ACCELERATE:
+            raise ValueError("`accelerate` settings need launcher: accelerate")
+        if self.backend == "nccl" and self.accelerate is not None and self.accelerate.use_cpu:
+            raise ValueError("backend: nccl needs GPUs, but accelerate.use_cpu is true")
+        return self
+
+    @property
+    def entry(self) -> str:
+        return self.script or self.module or ""
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _split_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise SpecError(f"--set {text!r}: expected KEY.PATH=VALUE")
+    path, raw = text.split("=", 1)
+    keys = [k for k in path.strip().split(".")]
+    if not all(keys):
+        raise SpecError(f"--set {text!r}: empty key in {path!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return keys, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--set training.max_steps=100 --set args=[--fast]` on top of the file's mapping."""
+    for text in overrides:
+        keys, value = _split_override(text)
+        node: dict[str, Any] = data
+        for i, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                where = ".".join(keys[: i + 1])
+                raise SpecError(f"--set {text!r}: {where} is not a mapping")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The valid keys at `loc` (for 'did you mean')."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if a is not None]
+        models = [a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not models:
+            for arg in candidates:  # list[MetricPattern]
+                inner = [
+                    a
+                    for a in getattr(arg, "__args__", ())
+                    if isinstance(a, type) and issubclass(a, BaseModel)
+                ]
+                models.extend(inner)
+        if not models:
+            return []
+        current = models[0]
+    return list(getattr(current, "model_fields", {}))
+
+
+def describe_spec_error(exc: ValidationError, source: str) -> str:
+    """One line: `file: key.path: what was expected`, with a suggestion for typos."""
+    # A typo usually also makes a required key "missing": report the typo first.
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = errors[0]
+    loc = tuple(first["loc"])
+    where = ".".join(str(p) for p in loc)
+    if first["type"] == "extra_forbidden":
+        known = _known_keys(RunSpec, loc)
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        if close:
+            hint = f" (did you mean {close[0]!r}?)"
+        elif 0 < len(known) <= 8:
+            hint = f" (expected one of: {', '.join(known)})"
+        else:
+            hint = ""
+        message = f"unknown key{hint}"
+    else:
+        message = first["msg"].removeprefix("Value error, ")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{source}: {where + ': ' if where else ''}{message}{more}"
+
+
+def parse_spec(data: Any, source: str = "spec") -> RunSpec:
+    """Validate an already-loaded mapping."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a run spec is a mapping of key: value")
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(describe_spec_error(exc, source)) from None
+
+
+def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
+    """Make `workdir` absolute and inline `deepspeed.config` (relative to the spec file)."""
+    workdir = data.get("workdir")
+    if isinstance(workdir, str):
+        data["workdir"] = str((base / workdir).resolve())
+    deepspeed = data.get("deepspeed")
+    if isinstance(deepspeed, dict) and isinstance(deepspeed.get("config"), str):
+        path = (base / deepspeed["config"]).resolve()
+        try:
+            content = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"{source}: deepspeed.config: cannot read {path}: {exc}") from None
+        if not isinstance(content, dict):
+            raise SpecError(f"{source}: deepspeed.config: {path} must hold a JSON object")
+        deepspeed["config"] = content
+    return data
+
+
+def load_spec(path: Path, overrides: list[str] | None = None) -> RunSpec:
+    """Read, override, resolve and validate a YAML run spec."""
+    source = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{source}{at}: not valid YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a run spec is a mapping of key: value")
+    data = apply_overrides(data, overrides or [])
+    data = _resolve_paths(data, path.resolve().parent, source)
+    return parse_spec(data, source)
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """The JSON schema editors use for run specs (config/schema/runspec.schema.json)."""
+    schema = RunSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "gpud run spec"
+    return schema

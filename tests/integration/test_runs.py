@@ -1,0 +1,245 @@
+"""Runs end to end: real daemons, real torchrun, real gloo training on CPU."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.runs import (
+    CPU_DDP,
+    FAST,
+    kill_rank,
+    launch,
+    nothing_left,
+    ranks_of,
+    status,
+    wait_for,
+    wait_for_step,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def test_one_node_two_processes_succeeds_with_wait(daemon: RunningDaemon) -> None:
+    result = gpuctl(
+        "--node",
+        daemon.address,
+        "launch",
+        str(CPU_DDP),
+        "--wait",
+        "--set",
+        FAST,
+        "--set",
+        "training.max_steps=30",
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "succeeded" in result.stdout.splitlines()[-1]
+    run_id = result.stdout.split()[1]
+    s = status(daemon, run_id)
+    assert s.run.state.value == "succeeded"
+    assert s.run.last_step == 29 and "loss" in s.run.last_values
+    assert s.attempts[0].nproc == 2 and s.attempts[0].exit and s.attempts[0].exit.exit_code == 0
+    kinds = [e.kind for e in s.events]
+    assert "verified" in kinds  # the daemon checked that no process is left
+    nothing_left(run_id)
+    final = Path(daemon.state_dir, "runs", run_id, "final.pt")
+    assert final.exists()
+    logs = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "0")
+    assert "[default0]:done: 30 steps" in logs.stdout
+    assert all(line.startswith("[default0]:") for line in logs.stdout.splitlines())
+
+
+def test_two_daemons_run_one_two_node_job(daemons: Callable[..., RunningDaemon]) -> None:
+    node0 = daemons(node="n0", simulate_gpus=None)
+    node1 = daemons(node="n1", simulate_gpus=None)
+    result = gpuctl(
+        "--node",
+        node0.address,
+        "--node",
+        node1.address,
+        "launch",
+        str(CPU_DDP),
+        "--wait",
+        "--set",
+        FAST,
+        "--set",
+        "training.max_steps=20",
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.split()[1]
+    s0, s1 = status(node0, run_id), status(node1, run_id)
+    assert (s0.run.state.value, s1.run.state.value) == ("succeeded", "succeeded")
+    assert (s0.run.node_rank, s1.run.node_rank) == (0, 1)
+    assert [p.state.value if p.state else None for p in s0.parts] == ["succeeded", "succeeded"]
+    # Same MASTER_PORT on both nodes, leased by node 0.
+    assert s0.attempts[0].master_port == s1.attempts[0].master_port
+    logs = gpuctl("--node", node0.address, "logs", run_id, "--rank", "3")
+    assert logs.returncode == 0
+    assert logs.stdout.splitlines()[0].startswith("[node1] [default1]:rank 3 of 4 on ")
+    nothing_left(run_id)
+
+
+def test_stop_checkpoints_and_resume_continues_from_its_step(daemon: RunningDaemon) -> None:
+    run_id = launch(daemon, FAST, "training.max_steps=2000")
+    wait_for_step(daemon, run_id, 20)
+    stop = gpuctl("--node", daemon.address, "stop", run_id, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    stopped = status(daemon, run_id)
+    assert stopped.run.state.value == "stopped"
+    checkpoint = stopped.run.last_checkpoint
+    assert checkpoint is not None and Path(checkpoint.path).exists()
+    assert checkpoint.step is not None
+    assert checkpoint.step == stopped.run.last_step  # the step it stopped after
+    nothing_left(run_id)
+    assert "stopped at step" in gpuctl("--node", daemon.address, "logs", run_id).stdout
+    resumed = gpuctl("--node", daemon.address, "--json", "resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["run"]["attempt"] == 2
+    wait_for_step(daemon, run_id, checkpoint.step + 5)
+    logs = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "0").stdout
+    assert f"resumed from {checkpoint.path} at step {checkpoint.step + 1}" in logs
+    s = status(daemon, run_id)
+    assert s.attempts[-1].resume_from == checkpoint.path
+    stop = gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60)
+    assert stop.returncode == 0
+    nothing_left(run_id)
+
+
+def test_stopped_run_ended_the_same_as_an_uninterrupted_one(daemon: RunningDaemon) -> None:
+    """Exact resume: stop at step k, resume, and the final weights equal a straight run's."""
+    steps = 300
+    straight = launch(daemon, FAST, f"training.max_steps={steps}", "name=straight")
+    wait_for(daemon, straight, {"succeeded"})
+    interrupted = launch(daemon, FAST, f"training.max_steps={steps}", "name=interrupted")
+    wait_for_step(daemon, interrupted, 20)
+    assert gpuctl("--node", daemon.address, "stop", interrupted, timeout=120).returncode == 0
+    checkpoint = status(daemon, interrupted).run.last_checkpoint
+    assert checkpoint is not None and checkpoint.step is not None
+    assert checkpoint.step < steps // 2, "the stop must land well before the end to test resume"
+    assert gpuctl("--node", daemon.address, "resume", interrupted).returncode == 0
+    wait_for(daemon, interrupted, {"succeeded"})
+    a = torch.load(Path(daemon.state_dir, "runs", straight, "final.pt"))
+    b = torch.load(Path(daemon.state_dir, "runs", interrupted, "final.pt"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from a straight run"
+
+
+def test_killed_rank_fails_the_run_on_both_nodes(daemons: Callable[..., RunningDaemon]) -> None:
+    node0 = daemons(node="n0", simulate_gpus=None)
+    node1 = daemons(node="n1", simulate_gpus=None)
+    run_id = launch(node0, FAST, "training.max_steps=100000", nodes=(node0.address, node1.address))
+    wait_for_step(node0, run_id, 3)
+    killed_at = time.monotonic()
+    kill_rank(run_id, 3)  # a rank of node 1
+    s0 = wait_for(node0, run_id, {"failed"}, timeout=60)
+    s1 = wait_for(node1, run_id, {"failed", "stopped"}, timeout=60)
+    took = time.monotonic() - killed_at
+    assert took < 30, f"failure took {took:.1f}s to settle"
+    assert "node" in (s0.run.reason or "") and "failed" in (s0.run.reason or "")
+    assert s1.run.state.value in ("failed", "stopped")
+    nothing_left(run_id)
+
+
+def test_restart_recovers_a_killed_rank_from_the_last_checkpoint(daemon: RunningDaemon) -> None:
+    run_id = launch(
+        daemon,
+        FAST,
+        "training.max_steps=120",
+        "checkpoint.every_steps=10",
+        "restart.max_attempts=1",
+        "restart.backoff_s=0.5",
+    )
+    wait_for_step(daemon, run_id, 25)
+    kill_rank(run_id, 1)
+    s = wait_for(daemon, run_id, {"succeeded", "failed"}, timeout=180)
+    assert s.run.state.value == "succeeded", s.run.reason
+    assert (s.run.attempt, s.run.restarts) == (2, 1)
+    resumed_from = s.attempts[1].resume_from
+    assert resumed_from is not None and "step_000000" in resumed_from
+    assert s.attempts[0].state.value == "failed"
+    assert "failed first" in (s.attempts[0].reason or "")  # which rank, from torchrun
+    nothing_left(run_id)
+
+
+def test_daemon_killed_mid_run_readopts_and_the_run_succeeds(
+    daemons: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    first = daemons(node="n0")
+    run_id = launch(first, FAST, "training.max_steps=150")
+    wait_for_step(first, run_id, 5)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(timeout=10)
+    time.sleep(1.0)  # the run goes on without its daemon
+    control_port = int(first.address.rsplit(":", 1)[1])
+    events_port = int(first.events.rsplit(":", 1)[1])
+    second = daemons(
+        node="n0", state_dir=first.state_dir, control_port=control_port, events_port=events_port
+    )
+    assert "re-adopted" in second.log()
+    s = wait_for(second, run_id, {"succeeded", "failed"}, timeout=180)
+    assert s.run.state.value == "succeeded", s.run.reason
+    assert any(e.kind == "adopt" for e in s.events)
+    nothing_left(run_id)
+
+
+def test_bad_config_is_refused_before_anything_starts(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nscript: t.py\ntraning: {}\n")
+    result = gpuctl("--node", daemon.address, "launch", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"gpuctl: error: {bad}: traning: unknown key (did you mean 'training'?)"
+    )
+    listed = gpuctl("--node", daemon.address, "--json", "ps")
+    assert json.loads(listed.stdout)["runs"] == []
+
+
+def test_run_commands_with_unknown_runs_fail_in_one_line(daemon: RunningDaemon) -> None:
+    for verb in ("status", "stop", "resume", "logs"):
+        result = gpuctl("--node", daemon.address, verb, "no-such-run")
+        assert result.returncode == 1, (verb, result.stderr)
+        assert result.stderr.strip() == f"gpuctl: error: no run 'no-such-run' on {daemon.address}"
+
+
+def test_free_port_is_never_shared_by_two_runs(daemon: RunningDaemon) -> None:
+    a = launch(daemon, FAST, "training.max_steps=100000", "name=a")
+    b = launch(daemon, FAST, "training.max_steps=100000", "name=b")
+    pa = status(daemon, a).attempts[0].master_port
+    pb = status(daemon, b).attempts[0].master_port
+    assert pa != pb
+    for run_id in (a, b):
+        assert (
+            gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60).returncode == 0
+        )
+        nothing_left(run_id)
+
+
+def test_simulated_gpus_carry_the_ranks_of_a_running_run(daemon: RunningDaemon) -> None:
+    run_id = launch(daemon, FAST, "training.max_steps=100000")
+    wait_for_step(daemon, run_id, 3)
+    pids = {p.pid for p in ranks_of(run_id).values()}
+    client = daemon.client()
+    deadline = time.monotonic() + 20
+    busy: list[int] = []
+    while time.monotonic() < deadline:
+        gpus = client.node_hw().gpus
+        busy = [g.index for g in gpus if g.processes and (g.utilization_gpu_pct or 0) > 20]
+        if busy == [0, 1]:
+            break
+        time.sleep(0.3)
+    assert busy == [0, 1], "local ranks 0 and 1 should load simulated GPUs 0 and 1"
+    on_gpus = {p.pid for g in client.node_hw().gpus for p in g.processes or []}
+    assert on_gpus == pids
+    assert gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60).returncode == 0
+    nothing_left(run_id)

@@ -1,0 +1,102 @@
+"""Launching real runs on real daemons from tests, and watching them end."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from gpud.client import Client
+from gpud.protocol import RunRef, RunStatus
+from gpud.runs import procs
+from tests.support.daemons import RunningDaemon, gpuctl
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_DDP = ROOT / "config" / "examples" / "cpu-ddp.yaml"
+#: A small, quick model for tests: tens of milliseconds per step on 2 cores.
+FAST = "args=[--width, '128', --depth, '2', --log-every, '5']"
+
+
+def launch(
+    daemon: RunningDaemon,
+    *sets: str,
+    config: Path = CPU_DDP,
+    nodes: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> str:
+    """`gpuctl launch` (not waiting); returns the run id."""
+    args = [a for node in (nodes or (daemon.address,)) for a in ("--node", node)]
+    args += ["--json", "launch", str(config), *extra]
+    for s in sets:
+        args += ["--set", s]
+    result = gpuctl(*args)
+    assert result.returncode == 0, result.stderr
+    return str(json.loads(result.stdout)["run"]["id"])
+
+
+def status(daemon: RunningDaemon, run_id: str) -> RunStatus:
+    with Client(daemon.target(), timeout_s=5) as client:
+        reply = client.call("run.status", RunRef(run=run_id))
+    assert isinstance(reply, RunStatus)
+    return reply
+
+
+def wait_for(
+    daemon: RunningDaemon, run_id: str, states: set[str], timeout: float = 120
+) -> RunStatus:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = status(daemon, run_id)
+        if last.run.state.value in states:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id} did not reach {states}; last: {last}")
+
+
+def wait_for_step(daemon: RunningDaemon, run_id: str, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = status(daemon, run_id).run
+        if s.last_step is not None and s.last_step >= step:
+            return
+        assert not s.state.terminal, f"run ended early: {s.state.value} {s.reason}"
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id} did not reach step {step}")
+
+
+def ranks_of(run_id: str) -> dict[int, psutil.Process]:
+    """The live worker processes of a run, by global rank."""
+    found = {}
+    for proc in procs.tagged(run_id):
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if "RANK" in env and "LOCAL_RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+            found[int(env["RANK"])] = proc
+    return found
+
+
+def kill_rank(run_id: str, rank: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        workers = ranks_of(run_id)
+        if rank in workers:
+            workers[rank].send_signal(signal.SIGKILL)
+            return workers[rank].pid
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} of {run_id} never showed up")
+
+
+def nothing_left(run_id: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not procs.tagged(run_id):
+            return
+        time.sleep(0.2)
+    left = [(p.pid, p.name()) for p in procs.tagged(run_id)]
+    raise AssertionError(f"processes of {run_id} survived: {left}")

@@ -1,0 +1,1 @@
+"""Runnable training examples: gloo on CPU, nccl on GPU, each resuming exactly."""

@@ -1,0 +1,76 @@
+"""The small model and synthetic data every example trains: deterministic, quick on CPU.
+
+A fixed random "teacher" network labels Gaussian inputs, so the loss falls visibly and
+any two runs with the same seed see the very same data.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import TensorDataset
+
+from trainers.env import Hints
+
+IN_FEATURES = 64
+OUT_FEATURES = 8
+
+
+def synthetic_dataset(samples: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, IN_FEATURES, generator=g)
+    teacher = torch.randn(IN_FEATURES, OUT_FEATURES, generator=g) / IN_FEATURES**0.5
+    y = torch.tanh(x @ teacher) + 0.05 * torch.randn(samples, OUT_FEATURES, generator=g)
+    return TensorDataset(x, y)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, dropout: float) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.net(x)
+        return out
+
+
+class ToyModel(nn.Module):
+    """An MLP with residual blocks; knows nothing of parallelism."""
+
+    def __init__(
+        self, width: int, depth: int, dropout: float = 0.1, gradient_checkpointing: bool = False
+    ) -> None:
+        super().__init__()
+        self.inp = nn.Linear(IN_FEATURES, width)
+        self.blocks = nn.ModuleList(Block(width, dropout) for _ in range(depth))
+        self.out = nn.Linear(width, OUT_FEATURES)
+        self.gradient_checkpointing = gradient_checkpointing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            if self.gradient_checkpointing and self.training:
+                h = checkpoint(block, h, use_reentrant=False)
+            else:
+                h = block(h)
+        out: torch.Tensor = self.out(h)
+        return out
+
+
+def common_args(description: str, hints: Hints) -> argparse.ArgumentParser:
+    """Flags every example takes; defaults come from the run spec's training hints."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=hints.max_steps or 600)
+    p.add_argument("--batch-size", type=int, default=hints.batch_size_per_gpu or 32)
+    p.add_argument("--grad-accum", type=int, default=hints.gradient_accumulation or 1)
+    p.add_argument("--lr", type=float, default=hints.lr or 0.002)
+    p.add_argument("--seed", type=int, default=hints.seed if hints.seed is not None else 1234)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--samples", type=int, default=16384)
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--out", default=None, help="where final.pt goes [the run dir, else .]")
+    return p
