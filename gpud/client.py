@@ -37,14 +37,26 @@ from gpud.protocol import (
     Empty,
     ErrorCode,
     Event,
+    ListRequest,
+    LogChunk,
+    LogsRequest,
     Message,
+    MetricsReply,
+    MetricsRequest,
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
+    ResumeRequest,
+    RunList,
+    RunRef,
+    RunStatus,
+    RunSummary,
+    StopRequest,
     decode_event,
     decode_reply,
     encode_request,
 )
+from gpud.runmodel import HealthSummary
 from gpud.snapshot import NodeSnapshot
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -268,6 +280,33 @@ class Client:
 
     def ack_events(self, gpu_index: int | None = None) -> AckEventsReply:
         return self._typed("node.events.ack", AckEventsReply, AckEventsRequest(gpu_index=gpu_index))
+
+    # ----------------------------------------------------------------- runs
+
+    def runs(self, active_only: bool = False, limit: int = 200) -> RunList:
+        return self._typed("run.list", RunList, ListRequest(active_only=active_only, limit=limit))
+
+    def run_status(self, run: str) -> RunStatus:
+        return self._typed("run.status", RunStatus, RunRef(run=run))
+
+    def run_metrics(
+        self, run: str, name: str | None = None, attempt: int | None = None
+    ) -> MetricsReply:
+        return self._typed(
+            "run.metrics", MetricsReply, MetricsRequest(run=run, name=name, attempt=attempt)
+        )
+
+    def run_health(self, run: str) -> HealthSummary:
+        return self._typed("run.health", HealthSummary, RunRef(run=run))
+
+    def run_logs(self, request: LogsRequest) -> LogChunk:
+        return self._typed("run.logs", LogChunk, request)
+
+    def stop_run(self, run: str, force: bool = False) -> RunSummary:
+        return self._typed("run.stop", RunSummary, StopRequest(run=run, force=force))
+
+    def resume_run(self, run: str) -> RunSummary:
+        return self._typed("run.resume", RunSummary, ResumeRequest(run=run))
 
     # ----------------------------------------------------------------- events
 

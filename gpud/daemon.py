@@ -56,6 +56,7 @@ from gpud.protocol import (
     ListRequest,
     LogsRequest,
     Message,
+    MetricsRequest,
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
@@ -305,6 +306,9 @@ class Daemon:
             "run.part.start": typed(PartStartRequest, sup.part_start),
             "run.part.stop": typed(PartStopRequest, sup.part_stop),
             "run.part.status": typed(PartStatusRequest, sup.part_status),
+            "run.part.health": typed(PartStatusRequest, sup.part_health),
+            "run.metrics": typed(MetricsRequest, lambda body, caller: sup.metrics(body)),
+            "run.health": typed(RunRef, lambda body, caller: sup.health(body)),
         }
 
     def _node_info(self, body: Message, caller: Caller) -> NodeInfo:

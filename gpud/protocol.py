@@ -25,7 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpud.runmodel import (
     AttemptRecord,
     CheckpointRef,
+    GpuTrouble,
+    HealthSummary,
     NodeRef,
+    RankView,
     RunEvent,
     RunState,
 )
@@ -312,6 +315,38 @@ class LogChunk(Reading):
     ended: bool = Field(description="the attempt is over: nothing more will be written")
 
 
+class MetricsRequest(RunRef):
+    name: str | None = Field(None, max_length=128, description="one metric, or all")
+    attempt: int | None = Field(None, ge=1, description="one attempt, or all")
+    limit: int = Field(100_000, ge=1, le=1_000_000)
+
+
+class MetricRow(Reading):
+    attempt: int
+    step: int
+    time: float
+    values: dict[str, float]
+
+
+class MetricsReply(Reading):
+    run_id: str
+    rows: list[MetricRow] = Field(description="in attempt and step order")
+    resumed_at: list[int] = Field(
+        default_factory=list, description="first step of each attempt after the first"
+    )
+
+
+class PartHealth(Reading):
+    """node N → node 0: this node's ranks and GPU trouble, for the run's health."""
+
+    attempt: int
+    node_rank: int
+    ranks: list[RankView]
+    gpu_trouble: list[GpuTrouble]
+    nccl_warnings: int = 0
+    last_nccl_warning: str | None = None
+
+
 @dataclass(frozen=True)
 class Method:
     """One request type: its body, its reply and the role it needs."""
@@ -343,7 +378,10 @@ METHODS: dict[str, Method] = {
         Method("run.list", ListRequest, RunList, Role.VIEWER, "runs with a part on this node"),
         Method("run.status", RunRef, RunStatus, Role.VIEWER, "one run in detail"),
         Method("run.logs", LogsRequest, LogChunk, Role.VIEWER, "captured output of a part"),
+        Method("run.metrics", MetricsRequest, MetricsReply, Role.VIEWER, "metric history"),
+        Method("run.health", RunRef, HealthSummary, Role.VIEWER, "the latest health summary"),
         Method("run.part.start", PartStartRequest, AttemptRecord, Role.PEER, "coordinator"),
+        Method("run.part.health", PartStatusRequest, PartHealth, Role.PEER, "coordinator"),
         Method("run.part.stop", PartStopRequest, AttemptRecord, Role.PEER, "coordinator"),
         Method("run.part.status", PartStatusRequest, AttemptRecord, Role.PEER, "coordinator"),
     )
@@ -462,6 +500,7 @@ def _event_body_model(topic: str) -> type[BaseModel] | None:
             "log": RunLogEvent,
             "metrics": RunMetricsEvent,
             "event": RunEvent,
+            "health": HealthSummary,
         }
         return run_bodies.get(kind)
     return None

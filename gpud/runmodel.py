@@ -196,10 +196,134 @@ class FinishedMessage(TrainerMessage):
     exit_code: int
 
 
+class HeartbeatMessage(TrainerMessage):
+    """Every rank, about twice a second, from the library's background thread."""
+
+    rank: int = Field(ge=0)
+    local_rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    step: int | None = Field(None, ge=0, description="last step the rank finished")
+    step_time_s: float | None = Field(None, ge=0, description="recent time per step")
+    collective_s: float | None = Field(
+        None, ge=0, description="time per step spent waiting in measured collectives"
+    )
+    phase: Literal["compute", "collective"] = "compute"
+    phase_since: float = Field(description="unix time the rank entered its phase")
+    gpu_uuid: str | None = None
+    gpu_bus_id: str | None = None
+    host: str
+    pid: int
+    dropped: int = Field(0, ge=0, description="messages lost so far (queue full, gpud down)")
+
+
+class ProbeMessage(TrainerMessage):
+    """A timed all-reduce (rank 0 reports): the collective bandwidth of the run."""
+
+    rank: int = Field(ge=0)
+    step: int = Field(ge=0)
+    backend: str
+    world_size: int = Field(ge=1)
+    size_bytes: int = Field(ge=1)
+    seconds: float = Field(gt=0)
+    algbw_gbps: float = Field(ge=0, description="size / time, GB/s")
+    busbw_gbps: float = Field(ge=0, description="algbw · 2(n−1)/n, GB/s")
+
+
 TRAINER_MESSAGES: dict[str, type[TrainerMessage]] = {
     "hello": HelloMessage,
     "metrics": MetricsMessage,
     "checkpoint": CheckpointMessage,
     "stopped": StoppedMessage,
     "finished": FinishedMessage,
+    "heartbeat": HeartbeatMessage,
+    "probe": ProbeMessage,
 }
+
+
+# --------------------------------------------------------------------------- health
+
+
+class RankView(Reading):
+    """One rank as the health check sees it."""
+
+    rank: int
+    node_rank: int
+    local_rank: int
+    host: str | None = None
+    pid: int | None = None
+    last_step: int | None = None
+    step_time_s: float | None = None
+    collective_s: float | None = None
+    compute_s: float | None = Field(
+        None, description="median compute time per step (step time − collectives), last ~5 s"
+    )
+    phase: Literal["compute", "collective"] = "compute"
+    phase_for_s: float = 0.0
+    heartbeat_age_s: float | None = Field(None, description="None: never heard from")
+    progress_age_s: float | None = Field(None, description="time since its step last moved")
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    straggler: bool = False
+    stalled: bool = False
+
+
+class Straggler(Reading):
+    rank: int
+    step_time_s: float
+    median_step_time_s: float
+    ratio: float
+
+
+class Stall(Reading):
+    """No progress while the others wait: in a hang, the likely culprit."""
+
+    rank: int | None = Field(description="the rank holding the others up; None: all stuck")
+    stuck_for_s: float
+    timeout_s: float = Field(description="the collective timeout that will end the wait")
+    countdown_s: float = Field(description="time left until that timeout fires")
+    why: str
+
+
+class BandwidthView(Reading):
+    busbw_gbps: float
+    algbw_gbps: float
+    size_bytes: int
+    step: int
+    time: float
+    baseline_gbps: float | None = Field(None, description="expected for the topology, if known")
+    baseline: str | None = Field(None, description="what the baseline is for")
+
+
+class GpuTrouble(Reading):
+    """Hardware trouble on a GPU a rank of the run uses."""
+
+    node: str
+    gpu_index: int
+    xid: int = 0
+    nvlink_errors: int = 0
+    pcie_replays: int = 0
+    ecc_uncorrected: int = 0
+    throttle: list[str] = Field(default_factory=list)
+    events: list[str] = Field(default_factory=list, description="recent messages")
+
+
+Verdict = Literal["ok", "degraded", "stalled", "failed", "idle"]
+
+
+class HealthSummary(Reading):
+    """Published on `run.<id>.health` about once a second while a run runs."""
+
+    run_id: str
+    attempt: int
+    time: float
+    verdict: Verdict
+    reasons: list[str] = Field(default_factory=list, description="why the verdict, in words")
+    backend: str | None = None
+    world_size: int | None = None
+    ranks: list[RankView] = Field(default_factory=list)
+    straggler: Straggler | None = None
+    stall: Stall | None = None
+    bandwidth: BandwidthView | None = None
+    nccl_warnings: int = 0
+    last_nccl_warning: str | None = None
+    gpu_trouble: list[GpuTrouble] = Field(default_factory=list)

@@ -28,6 +28,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Environment variables gpud sets itself; a spec may not override them.
 RESERVED_ENV_PREFIX = "GPUD_"
+#: ...except the trainers library's test hooks (see trainers/hooks.py).
+TEST_HOOK_PREFIX = "GPUD_TEST_"
 
 
 class SpecError(ValueError):
@@ -270,7 +272,7 @@ class RunSpec(SpecModel):
         for key in value:
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not an environment variable name")
-            if key.startswith(RESERVED_ENV_PREFIX):
+            if key.startswith(RESERVED_ENV_PREFIX) and not key.startswith(TEST_HOOK_PREFIX):
                 raise ValueError(f"{key} is set by gpud itself; use another name")
         return value
 

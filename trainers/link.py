@@ -20,6 +20,8 @@ from typing import Any
 
 import zmq
 
+from trainers.wandb_mirror import WandbMirror
+
 #: Items the training thread may queue before the oldest are dropped.
 QUEUE_CAPACITY = 10_000
 #: The longest the thread sleeps: bounds metric latency when nothing wakes it.
@@ -39,6 +41,7 @@ class GpudLink:
         jsonl_path: str | None,
         on_stop: Callable[[str], None],
         ticker: Callable[[], list[Item]] | None = None,
+        mirror: WandbMirror | None = None,
     ) -> None:
         self.run_id = run_id
         self.queue: deque[Item] = deque(maxlen=QUEUE_CAPACITY)
@@ -51,6 +54,7 @@ class GpudLink:
         self._jsonl_path = jsonl_path
         self._on_stop = on_stop
         self._ticker = ticker
+        self._mirror = mirror
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpud-link", daemon=True)
         self._thread.start()
@@ -70,7 +74,8 @@ class GpudLink:
         """Send what is queued (within `timeout_s`), then stop the thread."""
         self._closing.set()
         self.wake.set()
-        self._thread.join(timeout_s)
+        # wandb.finish() flushes its own files: allow it more than the sockets need.
+        self._thread.join(timeout_s + (15.0 if self._mirror is not None else 0.0))
 
     # ------------------------------------------------------------------ the thread
 
@@ -111,6 +116,8 @@ class GpudLink:
         finally:
             if jsonl is not None:
                 jsonl.close()
+            if self._mirror is not None:
+                self._mirror.close()
             ctx.destroy(linger=500)
 
     @staticmethod
@@ -137,11 +144,14 @@ class GpudLink:
 
     def _flush(self, push: zmq.Socket[bytes] | None, jsonl: Any) -> None:
         lines = []
+        metrics = []
         while self.queue:
             kind, body = self.queue.popleft()
             data = json.dumps(body, separators=(",", ":"))
-            if kind == "metrics" and jsonl is not None:
-                lines.append(data)
+            if kind == "metrics":
+                metrics.append(body)
+                if jsonl is not None:
+                    lines.append(data)
             if push is None:
                 continue
             try:
@@ -152,3 +162,5 @@ class GpudLink:
         if lines:
             jsonl.write("\n".join(lines) + "\n")
             jsonl.flush()
+        if self._mirror is not None:
+            self._mirror.log(metrics)

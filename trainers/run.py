@@ -1,6 +1,7 @@
 """`trainers.init()` and the `Run` a training script talks to.
 
-Integration in a plain loop:
+Integration in a plain loop (call `log` and `should_stop` on every rank, at the same
+point of the loop; only rank 0's metrics are kept):
 
     run = trainers.init()
     for step in range(start, max_steps):
@@ -29,7 +30,10 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from trainers.env import Hints, RunEnv
-from trainers.link import GpudLink
+from trainers.hooks import TestHooks
+from trainers.link import GpudLink, Item
+from trainers.pulse import Pulse
+from trainers.wandb_mirror import WandbMirror
 
 LIBRARY_VERSION = "1"
 
@@ -43,9 +47,16 @@ class Run:
         self.hints: Hints = env.hints
         self.resume_from = env.resume_from
         self.stop_reason: str | None = None
+        self.last_probe: Any = None
         self._stop = threading.Event()
-        self._agree_group: Any = None
+        self._pulse = Pulse(time.time())
+        self._hooks = TestHooks.from_env(os.environ, self.rank) if env.launched else None
+        self._agreement: Any = None
+        self._probe_every: int | None = None
+        self._probe_bytes: int | None = None
+        self._probed_step: int | None = None
         self._link: GpudLink | None = None
+        self._host = socket.gethostname()
         if env.launched:
             self._start_link()
 
@@ -54,16 +65,26 @@ class Run:
     def _start_link(self) -> None:
         env = self.env
         assert env.run_id is not None
-        jsonl = None
+        jsonl = mirror = None
         if self.rank == 0 and env.run_dir:
             jsonl = str(Path(env.run_dir) / "metrics.jsonl")
-        self._link = GpudLink(env.run_id, env.ingest, env.control, jsonl, self._request_stop)
+        if self.rank == 0 and env.wandb:
+            mirror = WandbMirror(env.run_id, env.attempt, env.run_dir, _hints_config(self.hints))
+        self._link = GpudLink(
+            env.run_id,
+            env.ingest,
+            env.control,
+            jsonl,
+            self._request_stop,
+            ticker=self._tick,
+            mirror=mirror,
+        )
         self._send(
             "hello",
             {
                 "world_size": self.world_size,
                 "local_rank": self.local_rank,
-                "host": socket.gethostname(),
+                "host": self._host,
                 "pid": os.getpid(),
                 "library": LIBRARY_VERSION,
             },
@@ -88,6 +109,26 @@ class Run:
         body["time"] = time.time()
         self._link.put(kind, body)
 
+    def _tick(self) -> list[Item]:
+        """Called by the link thread: a heartbeat when one is due."""
+        now = time.time()
+        beat = self._pulse.heartbeat(now)
+        if beat is None:
+            return []
+        link = self._link
+        beat.update(
+            run=self.env.run_id,
+            attempt=self.env.attempt,
+            rank=self.rank,
+            time=now,
+            local_rank=self.local_rank,
+            world_size=self.world_size,
+            host=self._host,
+            pid=os.getpid(),
+            dropped=link.dropped if link else 0,
+        )
+        return [("heartbeat", beat)]
+
     @property
     def launched(self) -> bool:
         return self.env.launched
@@ -100,50 +141,98 @@ class Run:
     # ------------------------------------------------------------------ hot path
 
     def log(self, step: int, **metrics: float) -> None:
-        """Record metrics for `step` (rank 0 only; other ranks return at once). Never blocks."""
+        """Mark `step` done; rank 0 also records `metrics`. Never blocks (O(1) append)."""
         link = self._link
-        if link is None or self.rank != 0:
+        if link is None:
             return
-        link.put(
-            "metrics",
-            {
-                "run": self.env.run_id,
-                "attempt": self.env.attempt,
-                "step": step,
-                "time": time.time(),
-                "values": metrics,
-            },
-        )
+        self._pulse.step_done(step, time.time())
+        if self.rank == 0:
+            link.put(
+                "metrics",
+                {
+                    "run": self.env.run_id,
+                    "attempt": self.env.attempt,
+                    "step": step,
+                    "time": time.time(),
+                    "values": metrics,
+                },
+            )
+        if self._hooks is not None:
+            self._hooks.after_step(step)
 
     def should_stop(self) -> bool:
         """True once gpud asked this run to stop (or SIGTERM arrived), on every rank alike.
 
         In a distributed run the ranks agree (a one-integer all-reduce on a gloo group) so
         they all stop after the same step; call it at the same point of the loop on every
-        rank.
+        rank. When `probe_collectives()` was asked for, the probe runs here too.
         """
         local = self._stop.is_set()
         if self.world_size <= 1 or not self.launched:
             return local
-        return self._agree(local)
+        from trainers import collectives
 
-    def _agree(self, local: bool) -> bool:
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
+        if not collectives.ready():
             return local
-        if self._agree_group is None:
-            # A CPU-side group: no CUDA sync on NCCL runs, and no interference with the
-            # trainer's own collectives.
-            same = dist.get_backend() == "gloo"
-            self._agree_group = dist.group.WORLD if same else dist.new_group(backend="gloo")
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._agree_group)
-        agreed = bool(flag.item())
+        step = self._pulse.step
+        if (
+            self._probe_every is not None
+            and step is not None
+            and step % self._probe_every == 0
+            and step != self._probed_step
+        ):
+            self._probed_step = step
+            self._run_probe(step)
+        if self._agreement is None:
+            self._agreement = collectives.Agreement()
+        self._pulse.enter_collective(time.time())
+        try:
+            agreed = bool(self._agreement.any(local))
+        finally:
+            self._pulse.leave_collective(time.time())
         if agreed and not local:
             self._request_stop("another rank was asked to stop")
         return agreed
+
+    # ------------------------------------------------------------------ collectives
+
+    def probe_collectives(self, every_n_steps: int = 100, size_bytes: int | None = None) -> None:
+        """Time an all-reduce every N steps (inside `should_stop()`); rank 0 reports it."""
+        if every_n_steps < 1:
+            raise ValueError("every_n_steps must be at least 1")
+        self._probe_every = every_n_steps
+        self._probe_bytes = size_bytes
+
+    def _run_probe(self, step: int) -> None:
+        from trainers import collectives
+
+        self._pulse.enter_collective(time.time())
+        try:
+            result = collectives.probe(self._probe_bytes)
+        finally:
+            self._pulse.leave_collective(time.time())
+        self.last_probe = result
+        if self.rank == 0:
+            self._send(
+                "probe",
+                {
+                    "step": step,
+                    "backend": result.backend,
+                    "world_size": result.world_size,
+                    "size_bytes": result.size_bytes,
+                    "seconds": result.seconds,
+                    "algbw_gbps": result.algbw_gbps,
+                    "busbw_gbps": result.busbw_gbps,
+                },
+            )
+
+    def watch(self, model: Any) -> Any:
+        """Time a DDP model's gradient all-reduces for the heartbeats; returns the model."""
+        if self.launched and hasattr(model, "register_comm_hook"):
+            from trainers import collectives
+
+            collectives.watch_ddp(model, self._pulse.add_collective_time)
+        return model
 
     # ------------------------------------------------------------------ reports
 
@@ -183,6 +272,10 @@ class Run:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code)
+
+
+def _hints_config(hints: Hints) -> dict[str, Any]:
+    return {k: v for k, v in vars(hints).items() if v is not None}
 
 
 _current: Run | None = None

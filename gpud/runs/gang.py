@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpud.client import ClientError
 from gpud.protocol import (
     ErrorCode,
+    PartHealth,
     PartStartRequest,
     PartStatusRequest,
     PartStopRequest,
@@ -102,6 +103,12 @@ async def _poll(sup: Supervisor, run: RunRecord, view: GangView, now: float) -> 
     replies = await _call_peers(
         sup, run, "run.part.status", lambda rank: PartStatusRequest(run_id=run.id)
     )
+    healths = await _call_peers(
+        sup, run, "run.part.health", lambda rank: PartStatusRequest(run_id=run.id)
+    )
+    sup.telemetry.peer_health[run.id] = {
+        rank: reply for rank, reply in healths.items() if isinstance(reply, PartHealth)
+    }
     for rank, reply in replies.items():
         old = view.parts[rank]
         if isinstance(reply, ClientError):

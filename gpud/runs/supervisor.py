@@ -36,7 +36,11 @@ from gpud.protocol import (
     ListRequest,
     LogChunk,
     LogsRequest,
+    MetricRow,
+    MetricsReply,
+    MetricsRequest,
     NodeRefIn,
+    PartHealth,
     PartPlan,
     PartStartRequest,
     PartStatusRequest,
@@ -54,8 +58,11 @@ from gpud.protocol import (
 from gpud.runmodel import (
     AttemptRecord,
     CheckpointRef,
+    HealthSummary,
+    HeartbeatMessage,
     MetricPoint,
     NodeRef,
+    ProbeMessage,
     RunEvent,
     RunRecord,
     RunState,
@@ -67,6 +74,7 @@ from gpud.runs.logread import read_chunk
 from gpud.runs.part import Outcome, Part
 from gpud.runs.peers import PeerLink
 from gpud.runs.ports import NoFreePort, pick_port
+from gpud.runs.telemetry import Telemetry
 from gpud.snapshot import GpuSample, NodeSnapshot, Severity
 from gpud.statedir import StateDir
 from gpud.store import Store
@@ -128,6 +136,7 @@ class Supervisor:
         self._last_stop_sent: dict[str, float] = {}
         self._last_pids: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.telemetry = Telemetry(self)
 
     # ================================================================== records
 
@@ -513,6 +522,39 @@ class Supervisor:
         runs = self.store.runs(active_only=req.active_only, limit=req.limit)
         return RunList(runs=[self.summary(self.runs.get(r.id, r)) for r in runs])
 
+    def health(self, req: RunRef) -> HealthSummary:
+        run = self.find(req.run)
+        cached = self.telemetry.health.get(run.id)
+        if cached is not None and run.state is RunState.RUNNING:
+            return cached
+        return self.telemetry.assess(run, self.parts.get(run.id))
+
+    def part_health(self, req: PartStatusRequest, caller: Caller) -> PartHealth:
+        run = self.find(req.run_id)
+        self._caller_may_coordinate(run, caller)
+        return self.telemetry.part_health(run, self.parts.get(run.id))
+
+    def metrics(self, req: MetricsRequest) -> MetricsReply:
+        run = self.find(req.run)
+        rows: dict[tuple[int, int], MetricRow] = {}
+        for attempt, step, when, name, value in self.store.metrics(run.id, req.name, req.limit):
+            if req.attempt is not None and attempt != req.attempt:
+                continue
+            row = rows.get((attempt, step))
+            if row is None:
+                row = rows[(attempt, step)] = MetricRow(attempt=attempt, step=step, time=when,
+                                                        values={})  # fmt: skip
+            row.values[name] = value
+        ordered = [rows[key] for key in sorted(rows)]
+        starts: dict[int, int] = {}
+        for row in ordered:
+            starts.setdefault(row.attempt, row.step)
+        return MetricsReply(
+            run_id=run.id,
+            rows=ordered,
+            resumed_at=[step for attempt, step in sorted(starts.items()) if attempt > 1],
+        )
+
     def logs(self, req: LogsRequest) -> LogChunk:
         run = self.find(req.run)
         attempts = self.store.attempts(run.id)
@@ -539,7 +581,11 @@ class Supervisor:
         part = self.parts.get(message.run)
         if run is None or part is None or message.attempt != part.record.attempt:
             return  # a late message from an earlier attempt, or a stranger
-        if kind == "hello":
+        if isinstance(message, HeartbeatMessage):
+            self.telemetry.heartbeat(run, message)
+        elif isinstance(message, ProbeMessage):
+            self.telemetry.probe(run, message)
+        elif kind == "hello":
             if not part.record.library:
                 part.update(library=True)
                 self.store.put_attempt(part.record)
@@ -603,6 +649,7 @@ class Supervisor:
             outcome = part.outcome()
             if outcome is not None:
                 await self._settle(run, part, outcome)
+        self.telemetry.tick(now)
         await gang.tick(self, now)
 
     def _follow_log(self, run: RunRecord, part: Part) -> None:
@@ -622,6 +669,7 @@ class Supervisor:
             local, text = split_rank(line)
             trouble = classify(text)
             if trouble is not None:
+                self.telemetry.trouble(run, record.attempt, trouble.kind, text.strip())
                 rank = None if local is None else run.node_rank * record.nproc + local
                 self.event(
                     run,

@@ -23,6 +23,8 @@ VERBS = {
     "stop": "launch.gpuctl.runs:stop_command",
     "resume": "launch.gpuctl.runs:resume_command",
     "logs": "launch.gpuctl.runs:logs_command",
+    "metrics": "launch.gpuctl.observe:metrics_command",
+    "health": "launch.gpuctl.observe:health_command",
     "nodes": "launch.gpuctl.nodes:nodes_command",
     "hw": "launch.gpuctl.hw:hw_command",
     "keys": "launch.gpuctl.keys:keys_group",

@@ -48,6 +48,8 @@ def main() -> None:
     ddp: DistributedDataParallel | ToyModel = (
         DistributedDataParallel(model) if dist.is_initialized() else model
     )
+    run.watch(ddp)  # heartbeats say how long each step waited on the other ranks
+    run.probe_collectives(every_n_steps=100)  # all-reduce bandwidth for the health panel
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = max(1, args.steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -1,0 +1,240 @@
+"""A run's health from its ranks: straggler, stall, bandwidth, warnings, verdict.
+
+A pure function of what the daemons know (rank views, the latest probe, NCCL events,
+GPU trouble), so it is tested on hand-made inputs and computed the same on every node.
+
+- **Straggler**: the rank whose *compute* time per step (step time minus time waiting in
+  collectives) is at least 1.3× the median. In synchronous training every rank's step
+  time is the same — the fast ones wait for the slow one — so step time alone cannot
+  tell who is slow; the waiting can.
+- **Stall**: no rank has made progress for longer than a heartbeat-and-step-time based
+  threshold. The culprit is the rank that is *not* waiting in a collective (or the one
+  furthest behind); when every rank waits, nobody in the job is computing: a hang in
+  the network or NCCL, or a rank that died. The countdown is to the collective timeout
+  that will end the wait.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from gpud.runmodel import (
+    BandwidthView,
+    GpuTrouble,
+    HealthSummary,
+    RankView,
+    RunState,
+    Stall,
+    Straggler,
+)
+
+HEARTBEAT_INTERVAL_S = 0.5
+STRAGGLER_RATIO = 1.3
+#: A rank whose heartbeats stop for this long (× the interval) is reported as silent.
+SILENT_AFTER_BEATS = 4
+#: The collective timeouts PyTorch uses when the trainer sets none.
+DEFAULT_TIMEOUT_S = {"nccl": 600.0, "gloo": 1800.0}
+#: busbw below this share of the baseline makes a run degraded.
+SLOW_BUSBW_SHARE = 0.5
+
+#: Typical large-message all-reduce bus bandwidth (GB/s) by GPU family and interconnect,
+#: as nccl-tests reports it on healthy single-node systems. A baseline, not a promise.
+BUSBW_BASELINES: tuple[tuple[str, str, float], ...] = (
+    ("H200", "nvlink", 360.0),
+    ("H100", "nvlink", 360.0),
+    ("A100", "nvlink", 230.0),
+    ("V100", "nvlink", 130.0),
+    ("", "pcie5", 24.0),
+    ("", "pcie4", 12.0),
+    ("", "pcie3", 6.0),
+)
+
+
+def baseline_for(
+    gpu_name: str | None, nvlink: bool, pcie_gen: int | None
+) -> tuple[float, str] | None:
+    """(GB/s, what it is for) for a single-node NCCL run on these GPUs, when known."""
+    if gpu_name is None:
+        return None
+    link = "nvlink" if nvlink else f"pcie{pcie_gen}" if pcie_gen else None
+    for family, interconnect, gbps in BUSBW_BASELINES:
+        if interconnect == link and family in gpu_name:
+            label = f"{family or 'any GPU'} over {'NVLink' if nvlink else f'PCIe gen{pcie_gen}'}"
+            return gbps, label
+    return None
+
+
+def stall_threshold(median_step_s: float | None) -> float:
+    """How long without progress counts as stuck: two heartbeats, or three steps."""
+    return max(2 * HEARTBEAT_INTERVAL_S, 3 * (median_step_s or 0.0))
+
+
+def _compute(rank: RankView) -> float | None:
+    """Compute time per step: the windowed median when the daemon has one."""
+    if rank.compute_s is not None:
+        return rank.compute_s
+    if rank.step_time_s is None:
+        return None
+    return max(0.0, rank.step_time_s - (rank.collective_s or 0.0))
+
+
+def find_straggler(ranks: list[RankView]) -> Straggler | None:
+    computes = [(r, c) for r in ranks if (c := _compute(r)) is not None]
+    if len(computes) < 2:
+        return None
+    median = statistics.median(c for _, c in computes)
+    rank, slowest = max(computes, key=lambda rc: rc[1])
+    if median <= 0 or slowest < STRAGGLER_RATIO * median:
+        return None
+    return Straggler(
+        rank=rank.rank,
+        step_time_s=slowest,
+        median_step_time_s=median,
+        ratio=round(slowest / median, 2),
+    )
+
+
+def find_stall(ranks: list[RankView], backend: str | None, timeout_s: float | None) -> Stall | None:
+    started = [r for r in ranks if r.last_step is not None and r.progress_age_s is not None]
+    if not started or len(started) < len(ranks):
+        return None  # someone has not finished a step yet: start-up, not a stall
+    median_step = statistics.median(
+        [r.step_time_s for r in started if r.step_time_s is not None] or [0.0]
+    )
+    threshold = stall_threshold(median_step)
+    freshest = min(r.progress_age_s or 0.0 for r in started)
+    if freshest <= threshold:
+        return None  # somebody is still making progress
+    computing = [r for r in started if r.phase == "compute"]
+    waiting = [r for r in started if r.phase == "collective"]
+    timeout = timeout_s or DEFAULT_TIMEOUT_S.get(backend or "", DEFAULT_TIMEOUT_S["nccl"])
+    waited = max((r.phase_for_s for r in waiting), default=0.0)
+    if computing and waiting:
+        culprit = min(computing, key=lambda r: (r.last_step or 0, r.rank))
+        why = (
+            f"rank {culprit.rank} has not finished step {(culprit.last_step or 0) + 1} for "
+            f"{culprit.progress_age_s:.1f}s while {len(waiting)} rank(s) wait in a collective"
+        )
+        stuck = culprit.progress_age_s or 0.0
+        rank: int | None = culprit.rank
+    else:
+        behind = min(started, key=lambda r: (r.last_step or 0, r.rank))
+        ahead = max(r.last_step or 0 for r in started)
+        if (behind.last_step or 0) < ahead:
+            rank = behind.rank
+            why = f"rank {rank} is behind at step {behind.last_step} (others at {ahead})"
+        elif waiting:
+            rank = None
+            why = "every rank waits in a collective: a network or NCCL hang, or a dead rank"
+        else:
+            rank = None
+            why = "no rank has made progress (none is waiting in a measured collective)"
+        stuck = freshest
+    return Stall(
+        rank=rank,
+        stuck_for_s=round(stuck, 1),
+        timeout_s=timeout,
+        countdown_s=round(max(0.0, timeout - waited), 1),
+        why=why,
+    )
+
+
+def assess(
+    run_id: str,
+    attempt: int,
+    now: float,
+    state: RunState,
+    ranks: list[RankView],
+    backend: str | None,
+    world_size: int | None,
+    timeout_s: float | None,
+    bandwidth: BandwidthView | None,
+    nccl_warnings: int,
+    last_nccl_warning: str | None,
+    gpu_trouble: list[GpuTrouble],
+) -> HealthSummary:
+    """The health summary of one run right now."""
+    straggler = stall = None
+    reasons: list[str] = []
+    if state is RunState.FAILED:
+        verdict = "failed"
+        reasons.append("the run failed")
+    elif state is not RunState.RUNNING:
+        verdict = "idle"
+        reasons.append(f"the run is {state.value}")
+    else:
+        stall = find_stall(ranks, backend, timeout_s)
+        straggler = None if stall else find_straggler(ranks)
+        silent = [
+            r.rank
+            for r in ranks
+            if r.heartbeat_age_s is None
+            or r.heartbeat_age_s > SILENT_AFTER_BEATS * HEARTBEAT_INTERVAL_S
+        ]
+        if stall is not None:
+            reasons.append(stall.why)
+        if straggler is not None:
+            reasons.append(
+                f"rank {straggler.rank} is a straggler: {straggler.ratio}× the median "
+                f"compute time per step"
+            )
+        if silent and any(r.heartbeat_age_s is not None for r in ranks):
+            reasons.append(f"no heartbeat from rank(s) {_ranks_text(silent)}")
+        if nccl_warnings:
+            reasons.append(f"{nccl_warnings} NCCL warning(s)")
+        for trouble in gpu_trouble:
+            reasons.append(f"GPU {trouble.gpu_index} on {trouble.node}: {_trouble_text(trouble)}")
+        if (
+            bandwidth is not None
+            and bandwidth.baseline_gbps
+            and bandwidth.busbw_gbps < SLOW_BUSBW_SHARE * bandwidth.baseline_gbps
+        ):
+            reasons.append(
+                f"busbw {bandwidth.busbw_gbps:.1f} GB/s is under half the "
+                f"{bandwidth.baseline_gbps:.0f} GB/s expected for {bandwidth.baseline}"
+            )
+        verdict = "stalled" if stall else ("degraded" if reasons else "ok")
+    marked = [
+        r.model_copy(
+            update={
+                "straggler": straggler is not None and r.rank == straggler.rank,
+                "stalled": stall is not None and r.rank == stall.rank,
+            }
+        )
+        for r in ranks
+    ]
+    return HealthSummary(
+        run_id=run_id,
+        attempt=attempt,
+        time=now,
+        verdict=verdict,
+        reasons=reasons,
+        backend=backend,
+        world_size=world_size,
+        ranks=marked,
+        straggler=straggler,
+        stall=stall,
+        bandwidth=bandwidth,
+        nccl_warnings=nccl_warnings,
+        last_nccl_warning=last_nccl_warning,
+        gpu_trouble=gpu_trouble,
+    )
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
+
+
+def _trouble_text(t: GpuTrouble) -> str:
+    parts = []
+    if t.xid:
+        parts.append(f"{t.xid} XID")
+    if t.nvlink_errors:
+        parts.append(f"{t.nvlink_errors} NVLink errors")
+    if t.pcie_replays:
+        parts.append(f"{t.pcie_replays} PCIe replays")
+    if t.ecc_uncorrected:
+        parts.append(f"{t.ecc_uncorrected} uncorrectable ECC errors")
+    if t.throttle:
+        parts.append("slowed down: " + ", ".join(t.throttle))
+    return "; ".join(parts) or "trouble"

@@ -1,0 +1,322 @@
+"""What trainers tell gpud beyond their state: heartbeats, probes, metrics history, health.
+
+Owned by the supervisor and driven by its tick. Per run and node it tracks the ranks
+(from heartbeats), the latest collective probe, NCCL trouble seen in the logs, and the
+metrics file rank 0 writes (`metrics.jsonl`, tailed so nothing the ingest missed — gpud
+was down, a queue overflowed — is lost). On node 0 it folds every node's ranks into the
+run's health summary, published on `run.<id>.health` about once a second.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from gpud.protocol import PartHealth, run_topic
+from gpud.runmodel import (
+    BandwidthView,
+    GpuTrouble,
+    HealthSummary,
+    HeartbeatMessage,
+    MetricPoint,
+    MetricsMessage,
+    ProbeMessage,
+    RankView,
+    RunRecord,
+)
+from gpud.runs.health import assess, baseline_for
+from gpud.runs.logparse import TROUBLE
+from gpud.snapshot import NodeSnapshot
+from launch.backends import resolve_backend
+from launch.spec import parse_spec
+
+if TYPE_CHECKING:
+    from gpud.runs.part import Part
+    from gpud.runs.supervisor import Supervisor
+
+HEALTH_EVERY_S = 1.0
+DUMPS_EVERY_S = 2.0
+NCCL_KINDS = frozenset(p.kind for p in TROUBLE if p.kind != "gloo_error")
+SLOWDOWN = frozenset(
+    {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+
+
+#: Heartbeats whose compute times make up a rank's window (about 5 s of them).
+WINDOW = 10
+
+
+@dataclass
+class _Rank:
+    beat: HeartbeatMessage
+    received: float
+    progress_at: float  # when its step last moved, on the daemon's clock
+    computes: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+
+@dataclass
+class _RunTelemetry:
+    attempt: int
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    probe: BandwidthView | None = None
+    nccl_warnings: int = 0
+    last_nccl_warning: str | None = None
+    jsonl_offset: int = 0
+    jsonl_partial: bytes = b""
+    dumps: set[str] = field(default_factory=set)
+    next_health: float = 0.0
+    next_dumps: float = 0.0
+    world_size: int | None = None
+
+
+class Telemetry:
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.runs: dict[str, _RunTelemetry] = {}
+        self.peer_health: dict[str, dict[int, PartHealth]] = {}
+        self.health: dict[str, HealthSummary] = {}
+
+    def _of(self, run_id: str, attempt: int) -> _RunTelemetry:
+        current = self.runs.get(run_id)
+        if current is None or current.attempt != attempt:
+            offset = current.jsonl_offset if current else 0
+            current = self.runs[run_id] = _RunTelemetry(attempt=attempt, jsonl_offset=offset)
+            self.peer_health.pop(run_id, None)
+        return current
+
+    # ------------------------------------------------------------------ inputs
+
+    def heartbeat(self, run: RunRecord, message: HeartbeatMessage) -> None:
+        now = self.sup.clock()
+        state = self._of(run.id, message.attempt)
+        state.world_size = max(state.world_size or 0, message.world_size)
+        old = state.ranks.get(message.rank)
+        progress_at = now if old is None or old.beat.step != message.step else old.progress_at
+        rank = _Rank(beat=message, received=now, progress_at=progress_at)
+        if old is not None:
+            rank.computes = old.computes
+        if message.step_time_s is not None and (old is None or old.beat.step != message.step):
+            # One sample per heartbeat that saw progress: a window over the last seconds, so
+            # one noisy step (a busy machine) does not make a straggler.
+            rank.computes.append(max(0.0, message.step_time_s - (message.collective_s or 0.0)))
+        state.ranks[message.rank] = rank
+
+    def probe(self, run: RunRecord, message: ProbeMessage) -> None:
+        state = self._of(run.id, message.attempt)
+        baseline = self._baseline(message.backend)
+        state.probe = BandwidthView(
+            busbw_gbps=round(message.busbw_gbps, 3),
+            algbw_gbps=round(message.algbw_gbps, 3),
+            size_bytes=message.size_bytes,
+            step=message.step,
+            time=message.time,
+            baseline_gbps=baseline[0] if baseline else None,
+            baseline=baseline[1] if baseline else None,
+        )
+        self.sup.store.add_metrics(
+            [
+                MetricPoint(
+                    run_id=run.id, attempt=message.attempt, step=message.step,
+                    time=message.time,
+                    values={"busbw_gbps": message.busbw_gbps, "algbw_gbps": message.algbw_gbps},
+                )
+            ]
+        )  # fmt: skip
+
+    def trouble(self, run: RunRecord, attempt: int, kind: str, text: str) -> None:
+        if kind in NCCL_KINDS:
+            state = self._of(run.id, attempt)
+            state.nccl_warnings += 1
+            state.last_nccl_warning = text[:300]
+
+    def _baseline(self, backend: str) -> tuple[float, str] | None:
+        if backend != "nccl":
+            return None
+        snapshot = self.sup.hardware()
+        if snapshot.backend != "nvml" or not snapshot.gpus:
+            return None
+        gpu = snapshot.gpus[0]
+        nvlink = any(link.active for link in gpu.nvlinks or [])
+        return baseline_for(gpu.name, nvlink, gpu.pcie_link_gen_max)
+
+    # ------------------------------------------------------------------ this node
+
+    def part_health(self, run: RunRecord, part: Part | None) -> PartHealth:
+        """This node's ranks and GPU trouble for the run's current attempt."""
+        attempt = part.record.attempt if part else run.attempt
+        state = self._of(run.id, attempt)
+        now = self.sup.clock()
+        snapshot = self.sup.hardware()
+        views = [self._view(run, rank, now, snapshot) for rank in sorted(state.ranks.values(),
+                 key=lambda r: r.beat.rank)]  # fmt: skip
+        started = part.record.started_at if part and part.record.started_at else run.created_at
+        return PartHealth(
+            attempt=attempt,
+            node_rank=run.node_rank,
+            ranks=views,
+            gpu_trouble=self._gpu_trouble(views, snapshot, started),
+            nccl_warnings=state.nccl_warnings,
+            last_nccl_warning=state.last_nccl_warning,
+        )
+
+    def _view(self, run: RunRecord, rank: _Rank, now: float, snapshot: NodeSnapshot) -> RankView:
+        beat = rank.beat
+        return RankView(
+            rank=beat.rank,
+            node_rank=run.node_rank,
+            local_rank=beat.local_rank,
+            host=beat.host,
+            pid=beat.pid,
+            last_step=beat.step,
+            step_time_s=beat.step_time_s,
+            collective_s=beat.collective_s,
+            compute_s=round(statistics.median(rank.computes), 6) if rank.computes else None,
+            phase=beat.phase,
+            phase_for_s=round(max(0.0, beat.time - beat.phase_since) + (now - rank.received), 2),
+            heartbeat_age_s=round(now - rank.received, 2),
+            progress_age_s=round(now - rank.progress_at, 2) if beat.step is not None else None,
+            gpu_uuid=beat.gpu_uuid,
+            gpu_index=_gpu_index(beat, snapshot),
+        )
+
+    def _gpu_trouble(
+        self, views: list[RankView], snapshot: NodeSnapshot, since: float
+    ) -> list[GpuTrouble]:
+        indexes = sorted({v.gpu_index for v in views if v.gpu_index is not None})
+        if not indexes:
+            return []
+        events = [e for e in self.sup.store.node_events(500, since=since) if e.gpu_index in indexes]
+        by_index = {g.index: g for g in snapshot.gpus}
+        troubles = []
+        for index in indexes:
+            mine = [e for e in events if e.gpu_index == index]
+            gpu = by_index.get(index)
+            slowed = sorted(SLOWDOWN.intersection(gpu.clock_event_reasons or ())) if gpu else []
+            counts = {kind: sum(1 for e in mine if e.kind == kind) for kind in
+                      ("xid", "nvlink_errors", "pcie_replays", "ecc_errors")}  # fmt: skip
+            if not any(counts.values()) and not slowed:
+                continue
+            troubles.append(
+                GpuTrouble(
+                    node=self.sup.node,
+                    gpu_index=index,
+                    xid=counts["xid"],
+                    nvlink_errors=counts["nvlink_errors"],
+                    pcie_replays=counts["pcie_replays"],
+                    ecc_uncorrected=counts["ecc_errors"],
+                    throttle=slowed,
+                    events=[e.message for e in mine[-5:]],
+                )
+            )
+        return troubles
+
+    # ------------------------------------------------------------------ the tick
+
+    def tick(self, now: float) -> None:
+        for run_id, part in list(self.sup.parts.items()):
+            run = self.sup.runs.get(run_id)
+            if run is None:
+                continue
+            state = self._of(run_id, part.record.attempt)
+            if run.is_coordinator:
+                self._backfill(run, state)
+            if now >= state.next_dumps and not part.record.state.terminal:
+                state.next_dumps = now + DUMPS_EVERY_S
+                self._find_dumps(run, part, state)
+            if run.is_coordinator and now >= state.next_health and not run.state.terminal:
+                state.next_health = now + HEALTH_EVERY_S
+                summary = self.assess(run, part)
+                self.health[run_id] = summary
+                self.sup.publish(run_topic(run_id, "health"), summary)
+
+    def assess(self, run: RunRecord, part: Part | None) -> HealthSummary:
+        """The run's health now: every node's ranks on node 0, this node's elsewhere."""
+        local = self.part_health(run, part)
+        parts = [local]
+        if run.is_coordinator:
+            parts += [
+                p for p in self.peer_health.get(run.id, {}).values() if p.attempt == local.attempt
+            ]
+        ranks = sorted((r for p in parts for r in p.ranks), key=lambda r: r.rank)
+        spec = parse_spec(run.spec)
+        snapshot = self.sup.hardware()
+        real = len(snapshot.gpus) if snapshot.backend == "nvml" else 0
+        state = self._of(run.id, local.attempt)
+        world = state.world_size or len(ranks) or None
+        heard = {r.rank for r in ranks}
+        # Ranks never heard from still belong in the grid (and keep a stall from being
+        # called during start-up).
+        ranks += [
+            RankView(rank=r, node_rank=-1, local_rank=-1)
+            for r in range(world or 0)
+            if r not in heard
+        ]
+        ranks.sort(key=lambda r: r.rank)
+        warnings = sum(p.nccl_warnings for p in parts)
+        last = next((p.last_nccl_warning for p in parts if p.last_nccl_warning), None)
+        return assess(
+            run_id=run.id,
+            attempt=local.attempt,
+            now=self.sup.clock(),
+            state=run.state,
+            ranks=ranks,
+            backend=resolve_backend(spec, real),
+            world_size=world,
+            timeout_s=float(spec.nccl.timeout_s) if spec.nccl.timeout_s else None,
+            bandwidth=state.probe,
+            nccl_warnings=warnings,
+            last_nccl_warning=last,
+            gpu_trouble=[t for p in parts for t in p.gpu_trouble],
+        )
+
+    def _backfill(self, run: RunRecord, state: _RunTelemetry) -> None:
+        """Read what rank 0 appended to metrics.jsonl since the last tick into the store."""
+        path = os.path.join(run.run_dir, "metrics.jsonl")
+        try:
+            with open(path, "rb") as f:
+                f.seek(state.jsonl_offset)
+                data = f.read(1 << 20)
+        except OSError:
+            return
+        if not data:
+            return
+        state.jsonl_offset += len(data)
+        lines = (state.jsonl_partial + data).split(b"\n")
+        state.jsonl_partial = lines.pop()
+        points = []
+        for line in lines:
+            try:
+                message = MetricsMessage.model_validate(json.loads(line))
+            except (ValueError, ValidationError):
+                continue  # a torn or foreign line: skip it, never stop reading
+            points.append(
+                MetricPoint(run_id=run.id, attempt=message.attempt, step=message.step,
+                            time=message.time, values=message.values)
+            )  # fmt: skip
+        if points:
+            self.sup.store.add_metrics(points)
+
+    def _find_dumps(self, run: RunRecord, part: Part, state: _RunTelemetry) -> None:
+        for path in glob.glob(os.path.join(part.record.attempt_dir, "nccl_trace_rank_*")):
+            if path not in state.dumps:
+                state.dumps.add(path)
+                self.sup.event(run, "flight_recorder_dump", f"NCCL flight recorder dump: {path}",
+                               "warning", path=path)  # fmt: skip
+
+
+def _gpu_index(beat: HeartbeatMessage, snapshot: NodeSnapshot) -> int | None:
+    """The GPU a rank uses: by uuid on real GPUs; by local rank on simulated ones."""
+    if beat.gpu_uuid:
+        for gpu in snapshot.gpus:
+            if gpu.uuid == beat.gpu_uuid:
+                return gpu.index
+    if snapshot.simulated and snapshot.gpus:
+        return beat.local_rank % len(snapshot.gpus)
+    return None

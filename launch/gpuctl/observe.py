@@ -1,0 +1,119 @@
+"""`gpuctl metrics RUN` and `gpuctl health RUN`: what the trainers reported, and how they are."""
+
+from __future__ import annotations
+
+import click
+
+from gpud.client import Client, ClientError
+from gpud.protocol import MetricsReply, MetricsRequest, RunRef
+from gpud.runmodel import HealthSummary
+from launch.gpuctl.context import Ctl, exit_code_for, fail, json_option
+from launch.gpuctl.output import emit_json, table
+from launch.gpuctl.runref import find_run
+
+run_argument = click.argument("run", metavar="RUN")
+
+
+@click.command("metrics")
+@run_argument
+@click.option("--name", help="Only this metric (e.g. loss).")
+@click.option("--attempt", type=click.IntRange(min=1), help="Only this attempt [all].")
+@json_option
+@click.pass_obj
+def metrics_command(ctl: Ctl, run: str, name: str | None, attempt: int | None) -> None:
+    """A run's metric history, across all attempts (from node 0, which holds rank 0's)."""
+    found = find_run(ctl, run)
+    try:
+        with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
+            reply = client.call(
+                "run.metrics", MetricsRequest(run=found.id, name=name, attempt=attempt)
+            )
+    except ClientError as exc:
+        fail(str(exc), exit_code_for(exc))
+    assert isinstance(reply, MetricsReply)
+    if ctl.json:
+        emit_json(reply)
+        return
+    names = sorted({key for row in reply.rows for key in row.values})
+    rows = [
+        [str(r.attempt), str(r.step), *(_number(r.values.get(n)) for n in names)]
+        for r in reply.rows
+    ]
+    click.echo(table(["ATTEMPT", "STEP", *(n.upper() for n in names)], rows))
+    if reply.resumed_at:
+        click.echo(f"resumed at step(s): {', '.join(str(s) for s in reply.resumed_at)}")
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.6g}"
+
+
+@click.command("health")
+@run_argument
+@json_option
+@click.pass_obj
+def health_command(ctl: Ctl, run: str) -> None:
+    """The latest health summary: verdict and why, every rank, straggler, stall, busbw."""
+    found = find_run(ctl, run)
+    try:
+        with Client(found.coordinator, timeout_s=ctl.timeout) as client:
+            health = client.call("run.health", RunRef(run=found.id))
+    except ClientError as exc:
+        fail(str(exc), exit_code_for(exc))
+    assert isinstance(health, HealthSummary)
+    if ctl.json:
+        emit_json(health)
+        return
+    click.echo("\n".join(render_health(health)))
+
+
+def render_health(h: HealthSummary) -> list[str]:
+    lines = [
+        f"run       {h.run_id} (attempt {h.attempt}), backend {h.backend or '?'}, "
+        f"world size {h.world_size or '?'}",
+        f"verdict   {h.verdict.upper()}" + (f": {'; '.join(h.reasons)}" if h.reasons else ""),
+    ]
+    if h.stall is not None:
+        who = f"rank {h.stall.rank}" if h.stall.rank is not None else "no single rank"
+        lines.append(
+            f"stall     {who}, stuck {h.stall.stuck_for_s:.1f}s; collective timeout in "
+            f"{h.stall.countdown_s:.0f}s (of {h.stall.timeout_s:.0f}s)"
+        )
+    if h.straggler is not None:
+        s = h.straggler
+        lines.append(
+            f"straggler rank {s.rank}: {s.step_time_s * 1000:.1f} ms compute per step, "
+            f"{s.ratio}× the median {s.median_step_time_s * 1000:.1f} ms"
+        )
+    if h.bandwidth is not None:
+        b = h.bandwidth
+        base = f" (baseline {b.baseline_gbps:.0f} GB/s for {b.baseline})" if b.baseline_gbps else ""
+        lines.append(f"busbw     {b.busbw_gbps:.2f} GB/s at step {b.step}{base}")
+    if h.nccl_warnings:
+        lines.append(f"nccl      {h.nccl_warnings} warning(s); last: {h.last_nccl_warning}")
+    for t in h.gpu_trouble:
+        lines.append(f"gpu       {t.node} GPU {t.gpu_index}: {'; '.join(t.events) or t.throttle}")
+    rows = [
+        [
+            str(r.rank),
+            "?" if r.node_rank < 0 else str(r.node_rank),
+            "-" if r.last_step is None else str(r.last_step),
+            _ms(r.step_time_s),
+            _ms(r.collective_s),
+            "-" if r.heartbeat_age_s is None else f"{r.heartbeat_age_s:.1f}s",
+            r.phase,
+            "STALLED" if r.stalled else ("STRAGGLER" if r.straggler else ""),
+        ]
+        for r in h.ranks
+    ]
+    lines += [
+        "",
+        table(["RANK", "NODE", "STEP", "STEP TIME", "COLLECTIVES", "HEARTBEAT", "PHASE", ""], rows),
+    ]
+    return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"

@@ -1,0 +1,151 @@
+"""The health verdict from hand-made rank views."""
+
+from __future__ import annotations
+
+from gpud.runmodel import BandwidthView, GpuTrouble, RankView, RunState
+from gpud.runs.health import assess, baseline_for, find_stall, find_straggler
+
+
+def rank(
+    r: int,
+    step: int | None = 10,
+    step_time: float | None = 0.1,
+    coll: float = 0.0,
+    phase: str = "compute",
+    progress: float | None = 0.1,
+    beat: float = 0.2,
+    phase_for: float = 0.0,
+) -> RankView:
+    return RankView(
+        rank=r,
+        node_rank=0,
+        local_rank=r,
+        last_step=step,
+        step_time_s=step_time,
+        collective_s=coll,
+        phase=phase,
+        progress_age_s=progress,
+        heartbeat_age_s=beat,
+        phase_for_s=phase_for,
+    )
+
+
+def health(ranks: list[RankView], **kw: object):  # type: ignore[no-untyped-def]
+    args: dict[str, object] = dict(
+        run_id="r",
+        attempt=1,
+        now=100.0,
+        state=RunState.RUNNING,
+        ranks=ranks,
+        backend="gloo",
+        world_size=len(ranks),
+        timeout_s=None,
+        bandwidth=None,
+        nccl_warnings=0,
+        last_nccl_warning=None,
+        gpu_trouble=[],
+    )
+    args.update(kw)
+    return assess(**args)  # type: ignore[arg-type]
+
+
+def test_healthy_ranks_are_ok() -> None:
+    h = health([rank(0), rank(1), rank(2), rank(3)])
+    assert (h.verdict, h.reasons, h.straggler, h.stall) == ("ok", [], None, None)
+
+
+def test_the_straggler_is_found_by_compute_time_not_step_time() -> None:
+    # Synchronous training: every step time is equal; the fast ranks wait 60 ms, the slow
+    # one waits for nobody.
+    ranks = [
+        rank(0, step_time=0.1, coll=0.06),
+        rank(1, step_time=0.1, coll=0.0),
+        rank(2, step_time=0.1, coll=0.06),
+        rank(3, step_time=0.1, coll=0.06),
+    ]
+    straggler = find_straggler(ranks)
+    assert straggler is not None and straggler.rank == 1 and straggler.ratio == 2.5
+    h = health(ranks)
+    assert h.verdict == "degraded" and h.ranks[1].straggler and not h.ranks[0].straggler
+
+
+def test_no_straggler_within_thirty_percent() -> None:
+    assert find_straggler([rank(0, step_time=0.10), rank(1, step_time=0.125)]) is None
+
+
+def test_the_rank_computing_while_others_wait_is_the_stall_culprit() -> None:
+    ranks = [
+        rank(0, step=20, phase="collective", progress=5.0, phase_for=4.9),
+        rank(1, step=20, phase="compute", progress=5.0),
+        rank(2, step=20, phase="collective", progress=5.0, phase_for=4.8),
+    ]
+    stall = find_stall(ranks, "nccl", timeout_s=60)
+    assert stall is not None and stall.rank == 1
+    assert stall.timeout_s == 60 and stall.countdown_s == 55.1
+    assert "rank 1 has not finished step 21" in stall.why
+    h = health(ranks, backend="nccl", timeout_s=60.0)
+    assert h.verdict == "stalled" and h.ranks[1].stalled
+
+
+def test_every_rank_waiting_is_a_hang_without_a_single_culprit() -> None:
+    ranks = [rank(r, phase="collective", progress=9.0, phase_for=9.0) for r in range(4)]
+    stall = find_stall(ranks, "nccl", None)
+    assert stall is not None and stall.rank is None
+    assert stall.timeout_s == 600 and "every rank waits" in stall.why
+
+
+def test_a_rank_behind_the_others_is_the_culprit() -> None:
+    ranks = [rank(0, step=30, progress=3.0), rank(1, step=29, progress=3.0)]
+    stall = find_stall(ranks, "gloo", None)
+    assert stall is not None and stall.rank == 1 and stall.timeout_s == 1800
+
+
+def test_slow_steps_are_not_a_stall_and_start_up_is_not_either() -> None:
+    # 10 s steps: 5 s without progress is normal.
+    assert find_stall([rank(0, step_time=10.0, progress=5.0)] * 2, "nccl", None) is None
+    # One rank has not finished a step yet: still starting.
+    assert (
+        find_stall([rank(0, progress=9.0), rank(1, step=None, progress=None)], "gloo", None) is None
+    )
+
+
+def test_warnings_trouble_and_slow_bandwidth_degrade_the_run() -> None:
+    ok = [rank(0), rank(1)]
+    assert health(ok, nccl_warnings=2, last_nccl_warning="NCCL WARN x").verdict == "degraded"
+    trouble = GpuTrouble(node="n", gpu_index=3, xid=1, events=["GPU 3: XID 79"])
+    h = health(ok, gpu_trouble=[trouble])
+    assert h.verdict == "degraded" and "GPU 3 on n: 1 XID" in h.reasons[0]
+    slow = BandwidthView(
+        busbw_gbps=90.0,
+        algbw_gbps=50.0,
+        size_bytes=1,
+        step=0,
+        time=0,
+        baseline_gbps=360.0,
+        baseline="H100 over NVLink",
+    )
+    assert "under half" in health(ok, bandwidth=slow).reasons[0]
+    fine = slow.model_copy(update={"busbw_gbps": 350.0})
+    assert health(ok, bandwidth=fine).verdict == "ok"
+
+
+def test_silent_ranks_and_run_states() -> None:
+    h = health([rank(0), rank(1, beat=5.0)])
+    assert h.verdict == "degraded" and "no heartbeat from rank(s) 1" in h.reasons
+    assert health([rank(0)], state=RunState.FAILED).verdict == "failed"
+    assert health([rank(0)], state=RunState.STOPPING).verdict == "idle"
+
+
+def test_busbw_baselines() -> None:
+    assert baseline_for("NVIDIA H100 80GB HBM3", True, 5) == (360.0, "H100 over NVLink")
+    assert baseline_for("NVIDIA RTX 4090", False, 4) == (12.0, "any GPU over PCIe gen4")
+    assert baseline_for(None, False, None) is None
+
+
+def test_the_windowed_compute_time_wins_over_one_noisy_step() -> None:
+    # Latest step times say rank 1 is slow, but its window over the last seconds says not.
+    ranks = [
+        rank(0, step_time=0.1, coll=0.05).model_copy(update={"compute_s": 0.05}),
+        rank(1, step_time=0.1, coll=0.0).model_copy(update={"compute_s": 0.052}),
+    ]
+    assert find_straggler(ranks) is None

@@ -1,0 +1,105 @@
+"""The collectives the library itself runs (imports torch; only called from Run).
+
+- `agree`: every rank learns whether any rank was asked to stop (a one-integer MAX
+  all-reduce on a CPU-side gloo group: no CUDA sync, no interference with the trainer's
+  own collectives);
+- `probe`: a timed all-reduce of a fixed size on the trainer's own backend, giving the
+  algorithm and bus bandwidth (busbw = algbw · 2(n−1)/n, as nccl-tests defines it);
+- `watch_ddp`: a DDP comm hook that times the gradient all-reduces, so a heartbeat can say
+  how long each step waited on the others.
+"""
+
+# No `from __future__ import annotations` here: DDP inspects a comm hook's annotations and
+# rejects string ones, so they must stay real objects.
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+PROBE_WARMUP = 1
+PROBE_ITERS = 2
+
+
+def ready() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class Agreement:
+    def __init__(self) -> None:
+        self._group: Any = None
+
+    def any(self, flag: bool) -> bool:
+        if self._group is None:
+            same = dist.get_backend() == "gloo"
+            self._group = dist.group.WORLD if same else dist.new_group(backend="gloo")
+        tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(tensor.item())
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    backend: str
+    world_size: int
+    size_bytes: int
+    seconds: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+def default_probe_bytes(backend: str) -> int:
+    # Big enough to measure bandwidth rather than latency, small enough to stay a rounding
+    # error of training time (gloo on CPU is some 100× slower than NCCL on NVLink).
+    return 4 * 2**20 if backend == "gloo" else 64 * 2**20
+
+
+def probe(size_bytes: int | None = None) -> ProbeResult:
+    """Collective; call on every rank at the same point."""
+    backend = str(dist.get_backend())
+    size = size_bytes or default_probe_bytes(backend)
+    world = dist.get_world_size()
+    on_gpu = backend == "nccl" and torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+
+    def sync() -> None:
+        if on_gpu:
+            torch.cuda.synchronize(device)
+
+    for _ in range(PROBE_WARMUP):
+        dist.all_reduce(tensor)
+    sync()
+    start = time.perf_counter()
+    for _ in range(PROBE_ITERS):
+        dist.all_reduce(tensor)
+    sync()
+    seconds = (time.perf_counter() - start) / PROBE_ITERS
+    algbw = size / seconds / 1e9
+    return ProbeResult(
+        backend=backend,
+        world_size=world,
+        size_bytes=size,
+        seconds=seconds,
+        algbw_gbps=algbw,
+        busbw_gbps=algbw * 2 * (world - 1) / world,
+    )
+
+
+def watch_ddp(model: Any, record: Callable[[float], None]) -> None:
+    """Time DDP's gradient all-reduces (the default averaging, unchanged otherwise)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # type: ignore[name-defined]
+        started = time.perf_counter()
+        future = allreduce_hook(state, bucket)
+
+        def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            record(time.perf_counter() - started)
+            return fut.value()
+
+        return future.then(done)
+
+    model.register_comm_hook(None, timed)

@@ -1,0 +1,39 @@
+"""Test hooks: make a rank hang or run slow on purpose (for gpud's health tests).
+
+Off unless set in the environment; the training loop pays one attribute check per step.
+
+    GPUD_TEST_HANG_RANK=1 GPUD_TEST_HANG_AT_STEP=50    rank 1 stops making progress
+    GPUD_TEST_SLOW_RANK=1 GPUD_TEST_SLOW_S=0.05        rank 1 takes 50 ms longer per step
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TestHooks:
+    __test__ = False  # not a pytest test class
+
+    hang_at_step: int | None
+    slow_s: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], rank: int) -> TestHooks | None:
+        hang = slow = None
+        if env.get("GPUD_TEST_HANG_RANK") == str(rank):
+            hang = int(env.get("GPUD_TEST_HANG_AT_STEP", "0"))
+        if env.get("GPUD_TEST_SLOW_RANK") == str(rank):
+            slow = float(env.get("GPUD_TEST_SLOW_S", "0.05"))
+        if hang is None and slow is None:
+            return None
+        return cls(hang_at_step=hang, slow_s=slow or 0.0)
+
+    def after_step(self, step: int) -> None:
+        if self.slow_s:
+            time.sleep(self.slow_s)
+        if self.hang_at_step is not None and step >= self.hang_at_step:
+            while True:  # the rank is stuck; only a signal ends it
+                time.sleep(3600)
