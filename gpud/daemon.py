@@ -72,6 +72,7 @@ from gpud.protocol import (
 )
 from gpud.publisher import EventPublisher, configure_pub
 from gpud.runmodel import TrainerMessage
+from gpud.runs import queries
 from gpud.runs.simload import SimulatedLoads
 from gpud.runs.supervisor import Supervisor
 from gpud.settings import ServeSettings
@@ -300,15 +301,17 @@ class Daemon:
             "run.join": typed(JoinRequest, sup.join),
             "run.stop": typed(StopRequest, sup.stop),
             "run.resume": typed(ResumeRequest, sup.resume),
-            "run.list": typed(ListRequest, lambda body, caller: sup.list_runs(body)),
-            "run.status": typed(RunRef, lambda body, caller: sup.status(body)),
-            "run.logs": typed(LogsRequest, lambda body, caller: sup.logs(body)),
+            "run.list": typed(ListRequest, lambda body, caller: queries.list_runs(sup, body)),
+            "run.status": typed(RunRef, lambda body, caller: queries.status(sup, body)),
+            "run.logs": typed(LogsRequest, lambda body, caller: queries.logs(sup, body)),
             "run.part.start": typed(PartStartRequest, sup.part_start),
             "run.part.stop": typed(PartStopRequest, sup.part_stop),
             "run.part.status": typed(PartStatusRequest, sup.part_status),
-            "run.part.health": typed(PartStatusRequest, sup.part_health),
-            "run.metrics": typed(MetricsRequest, lambda body, caller: sup.metrics(body)),
-            "run.health": typed(RunRef, lambda body, caller: sup.health(body)),
+            "run.part.health": typed(
+                PartStatusRequest, lambda body, caller: queries.part_health(sup, body, caller)
+            ),
+            "run.metrics": typed(MetricsRequest, lambda body, caller: queries.metrics(sup, body)),
+            "run.health": typed(RunRef, lambda body, caller: queries.health(sup, body)),
         }
 
     def _node_info(self, body: Message, caller: Caller) -> NodeInfo:

@@ -33,14 +33,7 @@ from gpud.protocol import (
     JoinRequest,
     LaunchReply,
     LaunchRequest,
-    ListRequest,
-    LogChunk,
-    LogsRequest,
-    MetricRow,
-    MetricsReply,
-    MetricsRequest,
     NodeRefIn,
-    PartHealth,
     PartPlan,
     PartStartRequest,
     PartStatusRequest,
@@ -48,9 +41,6 @@ from gpud.protocol import (
     ProtocolError,
     ResumeRequest,
     Role,
-    RunList,
-    RunRef,
-    RunStatus,
     RunSummary,
     StopRequest,
     run_topic,
@@ -58,7 +48,6 @@ from gpud.protocol import (
 from gpud.runmodel import (
     AttemptRecord,
     CheckpointRef,
-    HealthSummary,
     HeartbeatMessage,
     MetricPoint,
     NodeRef,
@@ -70,7 +59,6 @@ from gpud.runmodel import (
 )
 from gpud.runs import gang
 from gpud.runs.logparse import MetricExtractor, classify, split_rank
-from gpud.runs.logread import read_chunk
 from gpud.runs.part import Outcome, Part
 from gpud.runs.peers import PeerLink
 from gpud.runs.ports import NoFreePort, pick_port
@@ -508,72 +496,6 @@ class Supervisor:
         run = await gang.start_attempt(self, run, why=f"resumed by {caller.name}")
         return self.summary(run)
 
-    def status(self, req: RunRef) -> RunStatus:
-        run = self.find(req.run)
-        view = self.views.get(run.id)
-        return RunStatus(
-            run=self.summary(run),
-            attempts=self.store.attempts(run.id),
-            parts=gang.part_views(self, run, view),
-            events=self.store.run_events(run.id, limit=100),
-        )
-
-    def list_runs(self, req: ListRequest) -> RunList:
-        runs = self.store.runs(active_only=req.active_only, limit=req.limit)
-        return RunList(runs=[self.summary(self.runs.get(r.id, r)) for r in runs])
-
-    def health(self, req: RunRef) -> HealthSummary:
-        run = self.find(req.run)
-        cached = self.telemetry.health.get(run.id)
-        if cached is not None and run.state is RunState.RUNNING:
-            return cached
-        return self.telemetry.assess(run, self.parts.get(run.id))
-
-    def part_health(self, req: PartStatusRequest, caller: Caller) -> PartHealth:
-        run = self.find(req.run_id)
-        self._caller_may_coordinate(run, caller)
-        return self.telemetry.part_health(run, self.parts.get(run.id))
-
-    def metrics(self, req: MetricsRequest) -> MetricsReply:
-        run = self.find(req.run)
-        rows: dict[tuple[int, int], MetricRow] = {}
-        for attempt, step, when, name, value in self.store.metrics(run.id, req.name, req.limit):
-            if req.attempt is not None and attempt != req.attempt:
-                continue
-            row = rows.get((attempt, step))
-            if row is None:
-                row = rows[(attempt, step)] = MetricRow(attempt=attempt, step=step, time=when,
-                                                        values={})  # fmt: skip
-            row.values[name] = value
-        ordered = [rows[key] for key in sorted(rows)]
-        starts: dict[int, int] = {}
-        for row in ordered:
-            starts.setdefault(row.attempt, row.step)
-        return MetricsReply(
-            run_id=run.id,
-            rows=ordered,
-            resumed_at=[step for attempt, step in sorted(starts.items()) if attempt > 1],
-        )
-
-    def logs(self, req: LogsRequest) -> LogChunk:
-        run = self.find(req.run)
-        attempts = self.store.attempts(run.id)
-        if not attempts:
-            raise ProtocolError(ErrorCode.NOT_FOUND, f"run {run.id} has no attempt here yet")
-        wanted = req.attempt or attempts[-1].attempt
-        record = next((a for a in attempts if a.attempt == wanted), None)
-        if record is None:
-            raise ProtocolError(ErrorCode.NOT_FOUND, f"run {run.id} has no attempt {wanted}")
-        part = self.parts.get(run.id)
-        if part is not None and part.record.attempt == wanted:
-            record = part.record
-        local_rank = None
-        if req.rank is not None:
-            local_rank = req.rank - run.node_rank * record.nproc
-            if not 0 <= local_rank < record.nproc:
-                return _empty_chunk(run, record, self.node)
-        return read_chunk(run, record, self.node, req, local_rank)
-
     # ================================================================== trainers
 
     def on_trainer_message(self, kind: str, message: TrainerMessage) -> None:
@@ -766,20 +688,6 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _empty_chunk(run: RunRecord, record: AttemptRecord, node: str) -> LogChunk:
-    return LogChunk(
-        run_id=run.id,
-        node=node,
-        node_rank=run.node_rank,
-        attempt=record.attempt,
-        offset=0,
-        next_offset=0,
-        size=0,
-        lines=[],
-        ended=record.state.terminal,
-    )
 
 
 def _host_of(endpoint: str) -> str:
