@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from torch.utils.data import DataLoader
 import trainers
 from trainers.checkpoint import Checkpointer
 from trainers.data import ResumableDistributedSampler
-from trainers.examples.toy import ToyModel, common_args, synthetic_dataset
+from trainers.examples.toy import ToyModel, common_args, save_final, synthetic_dataset
 
 
 def main() -> None:
@@ -142,9 +141,7 @@ def main() -> None:
         step += 1
 
     if rank == 0:
-        out = Path(args.out or run.env.run_dir or ".")
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save(accelerator.unwrap_model(model).state_dict(), out / "final.pt")
+        save_final(accelerator.unwrap_model(model).state_dict(), args.out, run.env.run_dir)
         print(f"done: {args.steps} steps on {device.type}, final loss {total:.5f}", flush=True)
     run.finish()
 

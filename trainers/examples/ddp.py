@@ -15,7 +15,6 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,7 +25,7 @@ import trainers
 from trainers.checkpoint import Checkpointer
 from trainers.data import ResumableDistributedSampler
 from trainers.distributed import init_distributed
-from trainers.examples.toy import ToyModel, common_args, synthetic_dataset
+from trainers.examples.toy import ToyModel, common_args, save_final, synthetic_dataset
 
 
 def main() -> None:
@@ -134,9 +133,7 @@ def main() -> None:
         step += 1
 
     if rank == 0:
-        out = Path(args.out or run.env.run_dir or ".")
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), out / "final.pt")
+        save_final(model.state_dict(), args.out, run.env.run_dir)
         print(f"done: {args.steps} steps, final loss {total:.5f}", flush=True)
     run.finish()
 

@@ -30,7 +30,7 @@ import trainers
 from trainers.checkpoint import Checkpointer
 from trainers.data import ResumableDistributedSampler
 from trainers.distributed import init_distributed
-from trainers.examples.toy import ToyModel, common_args, synthetic_dataset
+from trainers.examples.toy import ToyModel, common_args, save_final, synthetic_dataset
 
 
 def deepspeed_config(path: str | None, args: Any) -> dict[str, Any]:
@@ -172,10 +172,8 @@ def main() -> None:
         step += 1
 
     if rank == 0:
-        out = Path(args.out or run.env.run_dir or ".")
-        out.mkdir(parents=True, exist_ok=True)
         # ZeRO-2 keeps whole parameters on every rank (in the training dtype).
-        torch.save(engine.module.state_dict(), out / "final.pt")
+        save_final(engine.module.state_dict(), args.out, run.env.run_dir)
         print(f"done: {args.steps} steps on {device.type}, final loss {total:.5f}", flush=True)
     run.finish()
 

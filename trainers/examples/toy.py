@@ -7,6 +7,7 @@ any two runs with the same seed see the very same data.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -74,3 +75,12 @@ def common_args(description: str, hints: Hints) -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--out", default=None, help="where final.pt goes [the run dir, else .]")
     return p
+
+
+def save_final(state: dict[str, torch.Tensor], out: str | None, run_dir: str | None) -> Path:
+    """Rank 0's final weights, where the tests and people look: `--out`, the run dir, or `.`."""
+    directory = Path(out or run_dir or ".")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "final.pt"
+    torch.save(state, path)
+    return path
