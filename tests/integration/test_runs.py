@@ -15,6 +15,7 @@ from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     CPU_DDP,
     FAST,
+    ROOT,
     kill_rank,
     launch,
     nothing_left,
@@ -243,3 +244,20 @@ def test_simulated_gpus_carry_the_ranks_of_a_running_run(daemon: RunningDaemon) 
     assert on_gpus == pids
     assert gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60).returncode == 0
     nothing_left(run_id)
+
+
+def test_an_abort_at_exit_after_training_finished_is_reported_for_what_it_is(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    spec = tmp_path / "abort.yaml"
+    spec.write_text(
+        f"name: abort\nnproc_per_node: 2\nbackend: gloo\nworkdir: {ROOT}\n"
+        "script: tests/support/abort_at_exit.py\nrestart:\n  max_attempts: 2\n"
+    )
+    run_id = launch(daemon, config=spec)
+    s = wait_for(daemon, run_id, {"failed", "succeeded"})
+    assert s.run.state.value == "failed"
+    reason = s.attempts[0].reason or ""
+    assert "training finished, but rank 1 aborted at interpreter exit (SIGABRT)" in reason
+    assert s.attempts[0].exit is not None and s.attempts[0].exit.teardown_abort
+    assert s.run.attempt == 1  # finished training is not restarted
