@@ -50,6 +50,30 @@ def _state_dir(value: Path | None) -> Path:
     return path
 
 
+def _looks_like_key(arg: str) -> bool:
+    try:
+        check_public_key(arg)
+    except KeyFileError:
+        return False
+    return True
+
+
+class KeyArgsCommand(click.Command):
+    """A command whose positional keys may begin with "-".
+
+    z85 uses "-" as a digit, so about one key in 85 starts with it and would
+    otherwise be read as an option. Such keys are moved behind "--", keeping
+    their order after the other positionals, which always come first.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" not in args:
+            keys = [a for a in args if a.startswith("-") and _looks_like_key(a)]
+            if keys:
+                args = [a for a in args if a not in keys] + ["--", *keys]
+        return super().parse_args(ctx, args)
+
+
 def _checked_key(text: str) -> str:
     try:
         return check_public_key(text).decode()
@@ -110,7 +134,7 @@ def show_command(ctl: Ctl) -> None:
     click.echo(table(["  ADDRESS", "NAME", "SERVER KEY"], [[f"  {r[0]}", *r[1:]] for r in rows]))
 
 
-@keys_group.command("authorize")
+@keys_group.command("authorize", cls=KeyArgsCommand)
 @click.argument("key")
 @click.option(
     "--role",
@@ -136,7 +160,7 @@ def authorize_command(ctl: Ctl, key: str, role: str, name: str, state_dir: Path 
         click.echo(f"{'authorized' if changed else 'already authorized'}: {name} as {role}")
 
 
-@keys_group.command("revoke")
+@keys_group.command("revoke", cls=KeyArgsCommand)
 @click.argument("key")
 @state_dir_option
 @json_option
@@ -190,7 +214,7 @@ def server_command(ctl: Ctl, state_dir: Path | None) -> None:
         click.echo(public)
 
 
-@keys_group.command("trust")
+@keys_group.command("trust", cls=KeyArgsCommand)
 @click.argument("address")
 @click.argument("server_key")
 @click.option("--events", "events", help="Events HOST:PORT [same host, port 7712].")
