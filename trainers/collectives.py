@@ -1,8 +1,8 @@
 """The collectives the library itself runs (imports torch; only called from Run).
 
-- `agree`: every rank learns whether any rank was asked to stop (a one-integer MAX
-  all-reduce on a CPU-side gloo group: no CUDA sync, no interference with the trainer's
-  own collectives);
+- `Agreement`: every rank learns whether any rank was asked to stop (a one-integer MAX
+  all-reduce on a CPU-side gloo group, asynchronous and read one step later: no CUDA
+  sync, no stall, no interference with the trainer's own collectives);
 - `probe`: a timed all-reduce of a fixed size on the trainer's own backend, giving the
   algorithm and bus bandwidth (busbw = algbw · 2(n−1)/n, as nccl-tests defines it);
 - `watch_ddp`: a DDP comm hook that times the gradient all-reduces, so a heartbeat can say
@@ -28,15 +28,47 @@ def ready() -> bool:
 
 
 class Agreement:
+    """Whether any rank raised its flag, learnt one call later.
+
+    Each call starts an asynchronous one-integer MAX all-reduce and reads the previous
+    call's result, so the collective runs behind a whole training step instead of
+    stalling it. Every rank reads the same result at the same call, so they still stop
+    together, one step after the request.
+    """
+
     def __init__(self) -> None:
         self._group: Any = None
+        self._pending: tuple[Any, torch.Tensor, float] | None = None
 
     def any(self, flag: bool) -> bool:
+        if self.settle():
+            return True
         if self._group is None:
             same = dist.get_backend() == "gloo"
             self._group = dist.group.WORLD if same else dist.new_group(backend="gloo")
         tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        self._pending = (work, tensor, time.time())
+        return False
+
+    def waiting_since(self) -> float | None:
+        """When the all-reduce still in flight was posted: this rank waits on the others.
+
+        Any thread may ask (the heartbeat does); a rank that stopped posting (hung in its
+        step) has none in flight, which is how health tells it from the ranks it holds up.
+        """
+        pending = self._pending
+        if pending is None or pending[0].is_completed():
+            return None
+        return pending[2]
+
+    def settle(self) -> bool:
+        """Wait for the all-reduce in flight, if any; True if a rank had raised its flag."""
+        if self._pending is None:
+            return False
+        work, tensor, _ = self._pending
+        self._pending = None
+        work.wait()
         return bool(tensor.item())
 
 
