@@ -306,6 +306,21 @@ class GpuTrouble(Reading):
     throttle: list[str] = Field(default_factory=list)
     events: list[str] = Field(default_factory=list, description="recent messages")
 
+    def describe(self) -> str:
+        """One line for a person, e.g. "2 XID; 14 NVLink errors; slowed down: thermal"."""
+        parts = []
+        if self.xid:
+            parts.append(f"{self.xid} XID")
+        if self.nvlink_errors:
+            parts.append(f"{self.nvlink_errors} NVLink errors")
+        if self.pcie_replays:
+            parts.append(f"{self.pcie_replays} PCIe replays")
+        if self.ecc_uncorrected:
+            parts.append(f"{self.ecc_uncorrected} uncorrectable ECC errors")
+        if self.throttle:
+            parts.append("slowed down: " + ", ".join(self.throttle))
+        return "; ".join(parts) or "trouble"
+
 
 Verdict = Literal["ok", "degraded", "stalled", "failed", "idle"]
 

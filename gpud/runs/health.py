@@ -183,7 +183,7 @@ def assess(
         if nccl_warnings:
             reasons.append(f"{nccl_warnings} NCCL warning(s)")
         for trouble in gpu_trouble:
-            reasons.append(f"GPU {trouble.gpu_index} on {trouble.node}: {_trouble_text(trouble)}")
+            reasons.append(f"GPU {trouble.gpu_index} on {trouble.node}: {trouble.describe()}")
         if (
             bandwidth is not None
             and bandwidth.baseline_gbps
@@ -223,18 +223,3 @@ def assess(
 
 def _ranks_text(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
-
-
-def _trouble_text(t: GpuTrouble) -> str:
-    parts = []
-    if t.xid:
-        parts.append(f"{t.xid} XID")
-    if t.nvlink_errors:
-        parts.append(f"{t.nvlink_errors} NVLink errors")
-    if t.pcie_replays:
-        parts.append(f"{t.pcie_replays} PCIe replays")
-    if t.ecc_uncorrected:
-        parts.append(f"{t.ecc_uncorrected} uncorrectable ECC errors")
-    if t.throttle:
-        parts.append("slowed down: " + ", ".join(t.throttle))
-    return "; ".join(parts) or "trouble"
