@@ -151,9 +151,15 @@ def probe_command(simulate_gpus: int | None, as_json: bool) -> None:
     type=int,
     help=f"Simulate N GPUs [{8} when NVML finds no GPU, else real ones].",
 )
-def demo_command(state_dir: Path | None, simulate_gpus: int | None) -> None:
-    """Start a local daemon in the background (if none runs) and show its hardware."""
+@click.option(
+    "--no-tui",
+    is_flag=True,
+    default=None,
+    help="Print where things are and exit instead of opening gputop [when not in a terminal].",
+)
+def demo_command(state_dir: Path | None, simulate_gpus: int | None, no_tui: bool | None) -> None:
+    """The whole flow: a local daemon, the CPU DDP example launched on it, and gputop."""
     from gpud.demo import run_demo
     from gpud.paths import default_state_dir
 
-    run_demo((state_dir or default_state_dir()).expanduser().resolve(), simulate_gpus)
+    run_demo((state_dir or default_state_dir()).expanduser().resolve(), simulate_gpus, no_tui)

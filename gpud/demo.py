@@ -1,12 +1,19 @@
-"""`gpud demo`: the README's first command. Start a local daemon and show what it sees.
+"""`gpud demo`: the README's first command, the whole flow on a fresh machine.
 
-It starts `gpud serve` in the background (simulated GPUs where NVML finds none), waits
-until the daemon answers, and prints the hardware report. A daemon that already holds the
-state dir is reused, so running the demo twice is harmless.
+1. Start `gpud serve` in the background (simulated GPUs where NVML finds none) and wait
+   until it answers. A daemon that already holds the state dir is reused.
+2. Launch the CPU DDP example (`config/examples/cpu-ddp.yaml`: two gloo processes, about a
+   minute on two cores) with `gpuctl launch`, unless one is already running.
+3. Open gputop on it, in the same terminal (as a child process: gpud itself never imports
+   Textual). Quitting gputop leaves the daemon and the run going.
+
+Without a terminal (stdout is not a TTY) or with `no_tui`, it prints where everything is
+and how to look at it, and exits. Running the demo twice is harmless.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -19,6 +26,9 @@ from gpud.statedir import StateDir, held_by
 
 DEMO_SIMULATED_GPUS = 8
 READY_TIMEOUT_S = 30.0
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "config" / "examples" / "cpu-ddp.yaml"
+DEMO_CONTROL = "tcp://127.0.0.1:7711"
+DEMO_EVENTS = "tcp://127.0.0.1:7712"
 
 
 def has_real_gpus() -> bool:
@@ -86,8 +96,51 @@ def start_background_daemon(
     return proc.pid, True
 
 
-def run_demo(state_dir: Path, simulate_gpus: int | None) -> None:
-    control, events = "tcp://127.0.0.1:7711", "tcp://127.0.0.1:7712"
+def active_demo_run(address: str, name: str) -> str | None:
+    """The id of a run of the demo's config that is still going, if there is one."""
+    try:
+        with Client(resolve_target(address), timeout_s=5.0) as client:
+            runs = client.runs(active_only=True).runs
+    except ClientError:
+        return None
+    mine = [r for r in runs if r.name == name and r.node_rank == 0]
+    return mine[0].id if mine else None
+
+
+def launch_demo_run(address: str, config: Path, sets: tuple[str, ...] = ()) -> str:
+    """`gpuctl launch` the demo config on the local daemon; returns the run id."""
+    if not config.exists():
+        raise click.ClickException(
+            f"the demo config {config} is missing: run the demo from a clone of the repository"
+        )
+    args = [sys.executable, "-m", "launch.gpuctl", "--node", address, "--json", "launch"]
+    args.append(str(config))
+    for item in sets:
+        args += ["--set", item]
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        why = (result.stderr or result.stdout).strip().splitlines()
+        raise click.ClickException(f"could not launch the demo run: {why[-1] if why else '?'}")
+    return str(json.loads(result.stdout)["run"]["id"])
+
+
+def gputop_argv(address: str, run_id: str) -> list[str]:
+    return [sys.executable, "-m", "tui", "--node", address, "--run", run_id]
+
+
+def run_demo(
+    state_dir: Path,
+    simulate_gpus: int | None,
+    no_tui: bool | None = None,
+    control: str = DEMO_CONTROL,
+    events: str = DEMO_EVENTS,
+    config: Path = DEMO_CONFIG,
+    sets: tuple[str, ...] = (),
+) -> None:
+    """The whole flow; `no_tui=None` means: open gputop when stdout is a terminal."""
+    interactive = sys.stdout.isatty() and sys.stdin.isatty()
+    open_tui = interactive if no_tui is None else (not no_tui and interactive)
+    address = control.removeprefix("tcp://")
     if simulate_gpus is None and not has_real_gpus():
         simulate_gpus = DEMO_SIMULATED_GPUS
         click.echo(f"No NVIDIA GPU here: the daemon serves {simulate_gpus} simulated GPUs.")
@@ -95,11 +148,27 @@ def run_demo(state_dir: Path, simulate_gpus: int | None) -> None:
     click.echo(
         f"{'Started' if started else 'Using the running'} gpud (pid {pid}, state {state_dir})."
     )
-    click.echo("")
-    result = subprocess.run(
-        [sys.executable, "-m", "launch.gpuctl", "--node", "127.0.0.1:7711", "hw"], check=False
-    )
-    click.echo("")
-    click.echo("Next: `gpuctl nodes`, `gpuctl hw --json`; stop the daemon with `gpud stop`.")
-    if result.returncode != 0:
-        sys.exit(result.returncode)
+    name = config.stem
+    run_id = active_demo_run(address, name)
+    if run_id is None:
+        run_id = launch_demo_run(address, config, sets)
+        click.echo(f"Launched {run_id}: {config.name}, 2 gloo processes on the CPU.")
+    else:
+        click.echo(f"The demo run {run_id} is still going; showing it.")
+    gputop = gputop_argv(address, run_id)
+    if not open_tui:
+        click.echo("")
+        click.echo(f"  watch it:        gputop --node {address} --run {run_id}")
+        click.echo(f"  or, plain text:  gpuctl --node {address} status {run_id}")
+        click.echo(f"  its logs:        gpuctl --node {address} logs {run_id} -f")
+        click.echo(f"  stop / resume:   gpuctl --node {address} stop|resume {run_id}")
+        click.echo(f"  the daemon:      {state_dir}/gpud.log; stop it with `gpud stop`")
+        return
+    click.echo("Opening gputop: ? for help, s/r stop and resume the run, q quits.")
+    sys.stdout.flush()
+    # gputop in its own process (gpud never imports Textual), in this terminal.
+    code = subprocess.run(gputop, check=False).returncode
+    click.echo(f"The daemon and {run_id} keep going: `gputop --node {address}` to look again,")
+    click.echo("`gpuctl ps` for a list, `gpud stop` to stop the daemon.")
+    if code not in (0, None):
+        sys.exit(code)

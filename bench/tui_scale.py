@@ -1,0 +1,721 @@
+"""What gputop costs at scale, driven by real zmq publishers and a real trainer.
+
+A separate process plays a fleet: 64 nodes × 8 simulated GPUs, each with a CurveZMQ PUB
+socket that publishes a realistic `NodeSnapshot` every second (gpud's own simulated
+sampler, NVLinks and all) and a ROUTER socket that answers gputop's requests; 16 runs of
+2 nodes × 8 ranks publish 20 metric points per second each, plus health, state and log
+lines. Then it measures, side by side:
+
+1. the CPU of a real `gputop --cluster FILE` process in a real terminal (tmux, 160×48),
+   on the fleet screen and on a run screen;
+2. the time of one frame (model → widgets → layout → full repaint → ANSI for a truecolor
+   terminal) of the fleet screen and of the run screen, with the feed running;
+3. the same for a run whose loss curve has 1,000,000 points;
+4. the latency from `run.log()` in a trainer (the real trainers library, in a process a
+   real gpud launched) to the value being in gputop's model, p50 and p99.
+
+Targets (issue 5): under 10% of a core, under 50 ms per frame, under 100 ms p99.
+
+    .venv/bin/python bench/tui_scale.py [--nodes 64] [--duration 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import math
+import multiprocessing
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event as EventType
+from pathlib import Path
+from typing import Any
+
+import psutil
+import zmq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from gpud.client import NodeTarget  # noqa: E402
+from gpud.hardware.simulated import SimulatedLoad, SimulatedSampler  # noqa: E402
+from gpud.keys import KeyPair, load_or_create_client_keypair  # noqa: E402
+from gpud.protocol import (  # noqa: E402
+    ErrorCode,
+    LogChunk,
+    MetricRow,
+    MetricsReply,
+    NodeEventsReply,
+    NodeInfo,
+    ProtocolError,
+    Role,
+    RunList,
+    RunLogEvent,
+    RunMetricsEvent,
+    RunSummary,
+    decode_request,
+    encode_error,
+    encode_event,
+    encode_reply,
+    hw_topic,
+    run_topic,
+)
+from gpud.runmodel import HealthSummary, NodeRef, RankView, RunState  # noqa: E402
+from gpud.snapshot import HostSample, NodeSnapshot  # noqa: E402
+from tests.support.daemons import start_daemon  # noqa: E402
+from tests.support.runs import launch  # noqa: E402
+from tui.model.feed import Feed  # noqa: E402
+from tui.model.fleet import FleetModel  # noqa: E402
+from tui.model.targets import Target  # noqa: E402
+
+GIB = 2**30
+HISTORY_ROWS = 5000  # what a fake node 0 answers to run.metrics
+
+
+# =============================================================================== the fleet
+
+
+@dataclass
+class FleetPlan:
+    nodes: int
+    gpus: int
+    runs: int
+    rate: float  # metric points per second per run
+    public: bytes
+    secret: bytes
+    controls: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+    def name(self, i: int) -> str:
+        return f"gpu-{'ab'[i * 2 // self.nodes]}{i:03d}"
+
+    def run_nodes(self, r: int) -> list[int]:
+        return [r, (r + self.nodes // 2) % self.nodes]
+
+
+def _host(name: str) -> HostSample:
+    return HostSample(
+        hostname=name,
+        cpu_count_logical=128,
+        cpu_count_physical=64,
+        cpu_percent=31.0,
+        load_1m=20.0,
+        memory_total_bytes=2048 * GIB,
+        memory_used_bytes=400 * GIB,
+        memory_available_bytes=1648 * GIB,
+    )
+
+
+def _endpoint(sock: zmq.Socket[bytes]) -> str:
+    value = sock.get(zmq.LAST_ENDPOINT)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class FakeNode:
+    """One node: PUB for events, ROUTER for requests, both CurveZMQ servers."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], plan: FleetPlan, i: int) -> None:
+        self.plan = plan
+        self.i = i
+        self.name = plan.name(i)
+        self.pub = self._socket(ctx, zmq.PUB)
+        self.router = self._socket(ctx, zmq.ROUTER)
+        plan.events[i] = _endpoint(self.pub)
+        plan.controls[i] = _endpoint(self.router)
+        self.seq = 0
+        self.started = time.time()
+        self.runs = [r for r in range(plan.runs) if i in plan.run_nodes(r)]
+        busy = bool(self.runs)
+        pid0 = 10_000 + 100 * i
+
+        def loads() -> dict[int, list[SimulatedLoad]]:
+            if not busy:
+                return {}
+            return {
+                g: [SimulatedLoad(pid0 + g, "python", 60 * GIB, 92.0)] for g in range(plan.gpus)
+            }
+
+        self.sampler = SimulatedSampler(plan.gpus, self.name, loads=loads)
+        self.host = _host(self.name)
+        self.snapshot: NodeSnapshot | None = None
+
+    def _socket(self, ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
+        sock = ctx.socket(kind)
+        sock.curve_server = True
+        sock.curve_secretkey = self.plan.secret
+        sock.curve_publickey = self.plan.public
+        sock.linger = 0
+        sock.sndhwm = 10_000
+        sock.bind_to_random_port("tcp://127.0.0.1")  # no race for ports with anyone
+        return sock
+
+    def publish(self, topic: str, body: Any) -> None:
+        self.seq += 1
+        self.pub.send_multipart(encode_event(topic, self.seq, body))
+
+    def sample(self) -> None:
+        now = time.time()
+        self.snapshot = NodeSnapshot(
+            node=self.name,
+            seq=self.seq,
+            time=now,
+            interval_s=1.0,
+            backend="simulated",
+            simulated=True,
+            driver_version="simulated",
+            gpus=self.sampler.sample(),
+            host=self.host,
+        )
+        self.publish(hw_topic(self.name), self.snapshot)
+
+
+class FakeRun:
+    def __init__(self, plan: FleetPlan, r: int) -> None:
+        self.plan = plan
+        self.id = f"run-{r:02d}"
+        self.nodes = plan.run_nodes(r)
+        self.step = HISTORY_ROWS
+        self.created = time.time() - 3600
+
+    def values(self, step: int) -> dict[str, float]:
+        return {
+            "loss": 0.1 + 2.0 * math.exp(-step / 4000) + 0.02 * math.sin(step / 13),
+            "lr": 3e-4 * max(0.1, 1 - step / 200_000),
+            "grad_norm": 0.8 + 0.2 * math.cos(step / 50),
+            "tokens_per_s": 410_000.0 + 5000 * math.sin(step / 30),
+        }
+
+    def summary(self, node_rank: int) -> RunSummary:
+        refs = [
+            NodeRef(control=self.plan.controls[n], server_key=self.plan.public.decode())
+            for n in self.nodes
+        ]
+        return RunSummary(
+            id=self.id,
+            name=self.id.rsplit("-", 1)[0],
+            state=RunState.RUNNING,
+            state_since=self.created,
+            attempt=1,
+            created_at=self.created,
+            node_rank=node_rank,
+            nodes=refs,
+            nproc=self.plan.gpus,
+            launcher="torchrun",
+            last_step=self.step,
+            max_steps=200_000,
+            last_values=self.values(self.step),
+        )
+
+    def health(self) -> HealthSummary:
+        now = time.time()
+        ranks = [
+            RankView(
+                rank=k,
+                node_rank=k // self.plan.gpus,
+                local_rank=k % self.plan.gpus,
+                pid=10_000 + 100 * self.nodes[k // self.plan.gpus] + k % self.plan.gpus,
+                last_step=self.step,
+                step_time_s=1 / self.plan.rate,
+                heartbeat_age_s=0.3,
+                progress_age_s=0.05,
+                gpu_index=k % self.plan.gpus,
+            )
+            for k in range(self.plan.gpus * len(self.nodes))
+        ]
+        return HealthSummary(
+            run_id=self.id,
+            attempt=1,
+            time=now,
+            verdict="ok",
+            backend="nccl",
+            world_size=len(ranks),
+            ranks=ranks,
+        )
+
+
+def answer(node: FakeNode, runs: list[FakeRun], frame: bytes) -> bytes:
+    """The fake node's reply to one request frame."""
+    try:
+        req, method, body = decode_request(frame)
+    except ProtocolError as exc:
+        return encode_error(exc.request_id, exc.code, exc.message)
+    mine = [run for run in runs if node.i in run.nodes]
+    run_id = getattr(body, "run", None)
+    run = next((r for r in mine if r.id == run_id), None)
+    plan = node.plan
+    reply: Any
+    if method.name == "node.info":
+        reply = NodeInfo(
+            node=node.name,
+            version="bench",
+            protocol=1,
+            pid=os.getpid(),
+            started_at=node.started,
+            uptime_s=time.time() - node.started,
+            control=plan.controls[node.i],
+            events=plan.events[node.i],
+            backend="simulated",
+            simulated=True,
+            gpu_count=plan.gpus,
+            gpu_name="NVIDIA H100 80GB HBM3",
+            secure=True,
+            role=Role.OPERATOR,
+        )
+    elif method.name == "node.hw" and node.snapshot is not None:
+        reply = node.snapshot
+    elif method.name == "node.events":
+        reply = NodeEventsReply(events=[])
+    elif method.name == "run.list":
+        reply = RunList(runs=[r.summary(r.nodes.index(node.i)) for r in mine])
+    elif run is not None and method.name == "run.metrics":
+        now = time.time()
+        rows = [
+            MetricRow(
+                attempt=1, step=s, time=now - (run.step - s) / plan.rate, values=run.values(s)
+            )
+            for s in range(0, run.step, max(1, run.step // HISTORY_ROWS))
+        ]
+        reply = MetricsReply(run_id=run.id, rows=rows)
+    elif run is not None and method.name == "run.health":
+        reply = run.health()
+    elif run is not None and method.name == "run.logs":
+        lines = [f"[default{k % 8}]:step {run.step - k} loss 0.1" for k in range(50, 0, -1)]
+        reply = LogChunk(
+            run_id=run.id,
+            node=node.name,
+            node_rank=run.nodes.index(node.i),
+            attempt=1,
+            offset=0,
+            next_offset=4096,
+            size=4096,
+            lines=lines,
+            ended=False,
+        )
+    else:
+        return encode_error(req.id, ErrorCode.NOT_FOUND, f"bench: no answer to {method.name}")
+    return encode_reply(req.id, reply)
+
+
+def run_fleet(plan: FleetPlan, ready: Connection, stop: EventType) -> None:
+    """The fleet process: publish on schedule, answer requests in between."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    plan.controls = [""] * plan.nodes
+    plan.events = [""] * plan.nodes
+    nodes = [FakeNode(ctx, plan, i) for i in range(plan.nodes)]
+    runs = [FakeRun(plan, r) for r in range(plan.runs)]
+    poller = zmq.Poller()
+    for node in nodes:
+        poller.register(node.router, zmq.POLLIN)
+    by_socket = {node.router: node for node in nodes}
+    start = time.monotonic()
+    next_hw = [start + i / plan.nodes for i in range(plan.nodes)]
+    next_point = [start + r / (plan.runs * plan.rate) for r in range(plan.runs)]
+    next_second = [start + r / plan.runs for r in range(plan.runs)]
+    log_offsets = [0] * plan.runs
+    ready.send((plan.controls, plan.events))
+    while not stop.is_set():
+        now = time.monotonic()
+        for i, due in enumerate(next_hw):
+            if now >= due:
+                nodes[i].sample()
+                next_hw[i] = due + 1.0
+        for r, due in enumerate(next_point):
+            if now >= due:
+                run = runs[r]
+                run.step += 1
+                point = {"step": run.step, "time": time.time(), "values": run.values(run.step)}
+                event = RunMetricsEvent(run_id=run.id, attempt=1, points=[point])
+                nodes[run.nodes[0]].publish(run_topic(run.id, "metrics"), event)
+                next_point[r] = due + 1.0 / plan.rate
+        for r, due in enumerate(next_second):
+            if now >= due:
+                run = runs[r]
+                lead = nodes[run.nodes[0]]
+                lead.publish(run_topic(run.id, "health"), run.health())
+                for node_rank, n in enumerate(run.nodes):
+                    nodes[n].publish(run_topic(run.id, "state"), run.summary(node_rank))
+                    log_offsets[r] += 120
+                    lines = [f"[default{k}]:step {run.step} loss 0.1 tok/s 4.1e5" for k in (0, 1)]
+                    log = RunLogEvent(
+                        node=nodes[n].name,
+                        node_rank=node_rank,
+                        attempt=1,
+                        offset=4096 + log_offsets[r],
+                        lines=lines,
+                    )
+                    nodes[n].publish(run_topic(run.id, "log"), log)
+                next_second[r] = due + 1.0
+        wait = min(*next_hw, *next_point, *next_second) - time.monotonic()
+        for sock, _ in poller.poll(max(0, int(wait * 1000))):
+            identity, frame = sock.recv_multipart()
+            node = by_socket[sock]
+            node.router.send_multipart([identity, answer(node, runs, frame)])
+    ctx.destroy(linger=0)
+
+
+# =============================================================================== measures
+
+
+def cpu_in_terminal(
+    cluster: Path, extra: list[str], config: Path, warmup: float, duration: float
+) -> tuple[float | None, str]:
+    """CPU share of one core of a real gputop process in tmux, and its screen."""
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        return None, "tmux is not installed"
+    socket = f"tui-scale-{os.getpid()}-{time.monotonic_ns()}"
+    env = f"GPUD_CONFIG_DIR={shlex.quote(str(config))} PYTHONPATH={shlex.quote(str(ROOT))}"
+    command = shlex.join([sys.executable, "-m", "tui", "--cluster", str(cluster), *extra])
+    subprocess.run(
+        [tmux, "-L", socket, "new-session", "-d", "-x", "160", "-y", "48", f"env {env} {command}"],
+        check=True,
+    )
+    try:
+        pane = subprocess.run(
+            [tmux, "-L", socket, "list-panes", "-F", "#{pane_pid}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        proc = psutil.Process(int(pane.stdout.split()[0]))
+        time.sleep(warmup)
+        threads_before = {t.id: t.user_time + t.system_time for t in proc.threads()}
+        before, started = proc.cpu_times(), time.monotonic()
+        time.sleep(duration)
+        after, wall = proc.cpu_times(), time.monotonic() - started
+        threads_after = {t.id: t.user_time + t.system_time for t in proc.threads()}
+        split = sorted(
+            ((threads_after[k] - threads_before.get(k, 0.0)) / wall, k == proc.pid)
+            for k in threads_after
+        )
+        print(
+            "  threads of the gputop process (share of a core; * = UI thread): "
+            + ", ".join(
+                f"{share:.1%}{'*' if main else ''}"
+                for share, main in reversed(split)
+                if share > 0.002
+            ),
+            flush=True,
+        )
+        screen = subprocess.run(
+            [tmux, "-L", socket, "capture-pane", "-p"], check=False, capture_output=True, text=True
+        ).stdout
+    finally:
+        subprocess.run([tmux, "-L", socket, "kill-server"], check=False, capture_output=True)
+    used = (after.user - before.user) + (after.system - before.system)
+    return used / wall, screen
+
+
+async def frame_times(
+    app: Any, pilot: Any, frames: int, between_s: float
+) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of whole frames: model → widgets → layout → a full repaint of
+    every widget (nothing cached) → the ANSI a truecolor terminal receives.
+
+    The frame runs synchronously through Textual's own steps (layout and compositor, as
+    its update timer would), so the time is the frame's and not the event loop's idle
+    wait. CPU is the UI thread's own; wall also counts waiting for the GIL (the feed's
+    threads) and for the CPU (other processes).
+    """
+    console = Console(
+        file=io.StringIO(),
+        width=app.size.width,
+        height=app.size.height,
+        force_terminal=True,
+        color_system="truecolor",
+        legacy_windows=False,
+    )
+    times = []
+    for _ in range(frames):
+        await asyncio.sleep(between_s)  # let events flow into the model meanwhile
+        screen = app.screen
+        wall, cpu = time.perf_counter(), time.thread_time()
+        screen.refresh_model()
+        for widget in screen.walk_children(with_self=True):
+            widget.refresh()
+        screen._refresh_layout(app.size)
+        console.print(screen._compositor.render_update(full=True))
+        times.append((time.perf_counter() - wall, time.thread_time() - cpu))
+        console.file = io.StringIO()
+        await pilot.pause()
+    return times
+
+
+async def render_in_process(targets: list[Target], keys: KeyPair, frames: int) -> dict[str, Any]:
+    from tui.app import GpuTop
+    from tui.screens.run import RunScreen
+
+    model = FleetModel(targets)
+    feed = Feed(model, targets, keys=keys)
+    app = GpuTop(model, feed, refresh_s=3600)  # frames are driven here, not by the timer
+    out: dict[str, Any] = {}
+    async with app.run_test(size=(160, 48)) as pilot:
+        deadline = time.monotonic() + 60
+        while sum(model.online(k) for k in model.nodes) < len(targets):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        out["online"] = sum(model.online(k) for k in model.nodes)
+        seen, t0 = model.events_seen, time.monotonic()
+        out["fleet"] = await frame_times(app, pilot, frames, 0.1)
+        out["events_per_s"] = (model.events_seen - seen) / (time.monotonic() - t0)
+        app.push_screen(RunScreen(model, "run-00"))
+        deadline = time.monotonic() + 30
+        while model.runs.get("run-00") is None or model.runs["run-00"].history != "loaded":
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        out["run"] = await frame_times(app, pilot, frames, 0.1)
+        out["run_points"] = len(model.runs["run-00"].metrics.get("loss", ()))
+    return out
+
+
+async def million_points(frames: int) -> dict[str, Any]:
+    from tui.app import GpuTop
+    from tui.model.lttb import downsample
+
+    model = FleetModel([])
+    run = model._run("big-run-000001")
+    run.add_summary(
+        "tcp://127.0.0.1:1",
+        RunSummary(
+            id=run.id,
+            name="big-run",
+            state=RunState.RUNNING,
+            state_since=time.time(),
+            attempt=2,
+            created_at=time.time(),
+            node_rank=0,
+            nodes=[NodeRef(control="tcp://127.0.0.1:1")],
+            nproc=8,
+            launcher="torchrun",
+        ),
+    )
+    n = 1_000_000
+    started = time.perf_counter()
+    batch = 10_000
+    for first in range(0, n, batch):
+        attempt = 1 if first < 600_000 else 2
+        run.add_points(
+            attempt,
+            [
+                {"step": s, "time": float(s), "values": {"loss": 2 * math.exp(-s / 2e5) + 0.05}}
+                for s in range(first, first + batch)
+            ],
+        )
+    ingest_s = time.perf_counter() - started
+    series = run.metrics["loss"]
+    from array import array
+
+    xs = array("d", range(n))
+    ys = array("d", (2 * math.exp(-s / 2e5) + 0.05 for s in range(n)))
+    started = time.perf_counter()
+    downsample(xs, ys, 300)
+    raw_ms = (time.perf_counter() - started) * 1000
+    app = GpuTop(model, refresh_s=3600, start_run=run.id)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        times = []
+        for k in range(frames):
+            # A new point each frame: the curve is downsampled again every time, as live.
+            run.add_points(2, [{"step": n + k, "time": 0.0, "values": {"loss": 0.05}}])
+            times.extend(await frame_times(app, pilot, 1, 0.0))
+    return {
+        "ingest_s": ingest_s,
+        "stored": len(series),
+        "compactions": series.compactions,
+        "raw_downsample_ms": raw_ms,
+        "frames": times,
+    }
+
+
+LATENCY_PROBE = """
+import time
+import trainers
+
+run = trainers.init()
+for step in range({points}):
+    run.log(step, sent=time.time(), loss=1.0 / (step + 1))
+    time.sleep(0.02)
+run.finish()
+"""
+
+
+def latency(tmp: Path, points: int) -> list[float]:
+    """run.log() in a trainer launched by a real gpud → the value in gputop's model."""
+    daemon = start_daemon(tmp, node="latency", simulate_gpus=2, interval=1.0)
+    try:
+        probe = tmp / "latency_probe.py"
+        probe.write_text(LATENCY_PROBE.format(points=points))
+        spec = tmp / "latency.yaml"
+        spec.write_text(
+            "name: latency-probe\nlauncher: python\nnproc_per_node: 1\n"
+            f"script: latency_probe.py\nworkdir: {tmp}\nenv:\n  PYTHONPATH: {ROOT}\n"
+        )
+        targets = [Target(daemon.target())]
+        model = FleetModel(targets)
+        samples: list[float] = []
+
+        def arrived(_key: str, event: RunMetricsEvent, now: float) -> None:
+            for point in event.points:
+                sent = (point.get("values") or {}).get("sent")
+                if isinstance(sent, float):
+                    samples.append(now - sent)
+
+        model.on_metrics = arrived
+        feed = Feed(model, targets)
+        feed.start()
+        try:
+            key = targets[0].node.control
+            deadline = time.monotonic() + 20
+            while not model.online(key) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            launch(daemon, config=spec)
+            deadline = time.monotonic() + 120
+            while len(samples) < points and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            feed.stop()
+        return samples
+    finally:
+        daemon.stop()
+
+
+# =============================================================================== report
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def row(label: str, result: str, target: str = "") -> None:
+    print(f"| {label} | {result} | {target} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=16)
+    parser.add_argument("--rate", type=float, default=20.0, help="metric points/s per run")
+    parser.add_argument("--duration", type=float, default=20.0, help="CPU window, seconds")
+    parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--frames", type=int, default=30)
+    parser.add_argument("--latency-points", type=int, default=400)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="tui-scale-") as tmp_name:
+        tmp = Path(tmp_name)
+        config = tmp / "config"
+        os.environ["GPUD_CONFIG_DIR"] = str(config)
+        keys, _ = load_or_create_client_keypair()
+        public, secret = zmq.curve_keypair()
+        plan = FleetPlan(args.nodes, args.gpus, args.runs, args.rate, public, secret)
+        spawn = multiprocessing.get_context("spawn")
+        ready, ready_child = spawn.Pipe()
+        stop = spawn.Event()
+        fleet = spawn.Process(target=run_fleet, args=(plan, ready_child, stop), daemon=True)
+        fleet.start()
+        if not ready.poll(120):
+            raise SystemExit("the fleet process did not start")
+        plan.controls, plan.events = ready.recv()
+        cluster = tmp / "cluster.yaml"
+        cluster.write_text(
+            "nodes:\n"
+            + "".join(
+                f"  - {{address: '{plan.controls[i]}', events: '{plan.events[i]}',"
+                f" server_key: '{public.decode()}', name: {plan.name(i)}}}\n"
+                for i in range(args.nodes)
+            )
+        )
+        targets = [
+            Target(NodeTarget(plan.controls[i], public, plan.events[i], plan.name(i)))
+            for i in range(args.nodes)
+        ]
+        fleet_ps = psutil.Process(fleet.pid)
+        try:
+            print(
+                f"# gputop at scale: {args.nodes} nodes × {args.gpus} GPUs, {args.runs} runs ×"
+                f" {args.rate:g} metric points/s; Python {platform.python_version()},"
+                f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
+                flush=True,
+            )
+            before = fleet_ps.cpu_times()
+            cpu_fleet, screen_fleet = cpu_in_terminal(
+                cluster, [], config, args.warmup, args.duration
+            )
+            cpu_run, screen_run = cpu_in_terminal(
+                cluster, ["--run", "run-00"], config, args.warmup, args.duration
+            )
+            after = fleet_ps.cpu_times()
+            publisher_cpu = (after.user + after.system - before.user - before.system) / (
+                2 * (args.warmup + args.duration)
+            )
+            rendered = asyncio.run(render_in_process(targets, keys, args.frames))
+        finally:
+            stop.set()
+            fleet.join(10)
+        big = asyncio.run(million_points(args.frames))
+        lat = latency(tmp, args.latency_points)
+
+    up_line = next((ln for ln in screen_fleet.splitlines() if "nodes up" in ln), "?")
+    run_line = next((ln for ln in screen_run.splitlines() if "run-00" in ln), "?")
+    print(f"fleet screen in the terminal: {up_line.strip()[:110]}")
+    print(f"run screen in the terminal:   {run_line.strip()[:110]}")
+    print(
+        f"in-process feed: {rendered['online']}/{args.nodes} nodes online,"
+        f" {rendered['events_per_s']:.0f} events/s into the model;"
+        f" publisher process {publisher_cpu:.0%} of a core"
+    )
+    print()
+    print("| measure | result | target |")
+    print("|---|---|---|")
+    for label, value in (("fleet screen", cpu_fleet), ("run screen", cpu_run)):
+        shown = "n/a (no tmux)" if value is None else f"{value:.1%} of a core"
+        row(f"gputop CPU, {label} (real terminal, 160×48)", shown, "< 10%")
+    frames = (
+        ("fleet screen, feed running", rendered["fleet"]),
+        ("run screen, feed running", rendered["run"]),
+        ("run screen, 1,000,000-point loss curve", big["frames"]),
+    )
+    for label, times in frames:
+        cpu = [c * 1000 for _, c in times]
+        wall = [w * 1000 for w, _ in times]
+        row(
+            f"frame, {label}: CPU median / p95 (wall median / p95)",
+            f"{statistics.median(cpu):.1f} / {pct(cpu, 0.95):.1f} ms"
+            f" ({statistics.median(wall):.1f} / {pct(wall, 0.95):.1f} ms)",
+            "< 50 ms",
+        )
+    row(
+        "  of which the stored curve",
+        f"{big['stored']:,} points after {big['compactions']} compactions"
+        f" (1,000,000 fed in {big['ingest_s']:.1f} s)",
+    )
+    row("  MinMax-LTTB of the raw 1,000,000 points to 300", f"{big['raw_downsample_ms']:.0f} ms")
+    if lat:
+        lat_ms = [x * 1000 for x in lat]
+        row(
+            f"run.log() → gputop model, p50 / p99 ({len(lat)} points)",
+            f"{pct(lat_ms, 0.5):.1f} / {pct(lat_ms, 0.99):.1f} ms",
+            "p99 < 100 ms",
+        )
+    else:
+        row("run.log() → gputop model", "no samples (the probe run did not report)", "")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""gputop against real daemons: real zmq events, a real CPU DDP run, real stop and resume."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+from textual.widgets._toast import Toast
+
+from gpud.client import Client
+from gpud.protocol import RunList
+from gpud.runmodel import RunState
+from tests.support.daemons import RunningDaemon
+from tests.support.runs import FAST, launch, wait_for
+from tests.tui import scenes
+from tests.tui.screen import screen_text
+from tui.app import GpuTop
+from tui.model.feed import Feed
+from tui.model.fleet import FleetModel
+from tui.model.runs import RunView
+from tui.model.targets import Target
+from tui.screens.confirm import ConfirmScreen
+
+SHORT = ("training.max_steps=100000", FAST)
+
+
+def flat(text: str) -> str:
+    """Screen text with box drawing and line wrapping taken out."""
+    return " ".join(text.replace("█", " ").replace("▀", " ").replace("▄", " ").split())
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+async def settle(pilot: object, condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def watch(daemon: RunningDaemon) -> tuple[FleetModel, Feed, str]:
+    targets = [Target(daemon.target())]
+    model = FleetModel(targets)
+    return model, Feed(model, targets, refresh_s=0.5), targets[0].node.control
+
+
+def stop_quietly(daemon: RunningDaemon, run_id: str) -> None:
+    with Client(daemon.target()) as client:
+        client.stop_run(run_id, force=True)
+    wait_for(daemon, run_id, {"stopped", "failed", "succeeded"}, timeout=60)
+
+
+@pytest.mark.slow
+def test_a_silent_node_is_offline_within_3_s_and_comes_back(daemon: RunningDaemon) -> None:
+    model, feed, key = watch(daemon)
+    feed.start()
+    try:
+        wait_until(lambda: model.online(key), 15, "the node online")
+        node = model.nodes[key]
+        wait_until(lambda: node.info is not None and node.snapshot is not None, 10, "node info")
+        assert node.simulated and node.snapshot is not None and len(node.snapshot.gpus) == 8
+        daemon.proc.send_signal(signal.SIGSTOP)  # the daemon goes silent, sockets stay open
+        silent_since = time.monotonic()
+        wait_until(lambda: not model.online(key), 5, "the node offline")
+        assert time.monotonic() - silent_since < 3.0
+        daemon.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: model.online(key), 5, "the node back online")
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+        feed.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_real_run_end_to_end_then_stop_and_resume_it_from_the_ui(
+    daemon: RunningDaemon,
+) -> None:
+    run_id = launch(daemon, *SHORT)
+    model, feed, key = watch(daemon)
+    app = GpuTop(model, feed, start_run=run_id, refresh_s=0.3)
+    try:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+
+            def run() -> RunView | None:
+                found = model.runs.get(run_id)
+                return found if found is not None and found.known else None
+
+            def state() -> RunState | None:
+                with model.lock:
+                    found = run()
+                    return found.summary.state if found is not None else None
+
+            def step() -> int:
+                with model.lock:
+                    found = run()
+                    return (found.last_step() or 0) if found is not None else 0
+
+            def ready() -> bool:
+                with model.lock:
+                    found = run()
+                    return (
+                        found is not None
+                        and found.history in ("loaded", "unavailable")
+                        and found.health is not None
+                        and any(ln.rank == 1 for ln in found.logs.lines())
+                        and len(found.metrics.get("loss", ())) > 10
+                    )
+
+            await settle(pilot, ready, 90, "the run's history, health and logs")
+            with model.lock:
+                found = run()
+                assert found is not None
+                assert found.history == "loaded", found.history_error
+                assert found.summary.state is RunState.RUNNING
+                assert found.nproc_by_node() == [2]
+                assert found.metrics["loss"].segments[0].steps[0] == 0.0  # from the start
+                assert "lr" in found.metrics and found.rate() is not None
+                assert run_id in model.nodes[key].run_ids
+            text = screen_text(app)
+            assert "cpu-ddp · running" in text and "torchrun/gloo" in text and "1×2 procs" in text
+
+            def owned() -> bool:  # ranks show as load on simulated GPUs, mapped back
+                with model.lock:
+                    snap = model.nodes[key].snapshot
+                    gpus = snap.gpus if snap is not None else []
+                    procs = [(g.index, p.pid) for g in gpus for p in g.processes or []]
+                    owners = [model.process_owner(key, i, pid) for i, pid in procs]
+                return any(o is not None and o.run_id == run_id for o in owners)
+
+            await settle(pilot, owned, 20, "a GPU process mapped to the run")
+
+            await pilot.press("s")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen)
+            text = flat(screen_text(app))
+            assert f"Stop run {run_id} (cpu-ddp), attempt 1" in text
+            assert f"on 1 node: node0 ({daemon.address}) × 2 processes — 2 ranks in all" in text
+            await pilot.press("y")
+            await settle(pilot, lambda: state() is RunState.STOPPED, 60, "stopped")
+            stopped_at = step()
+            await pilot.press("r")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen)
+            assert f"Resume run {run_id} (cpu-ddp) as attempt 2" in flat(screen_text(app))
+            await pilot.press("y")
+            await settle(pilot, lambda: state() is RunState.RUNNING, 60, "running again")
+
+            def resumed() -> bool:
+                with model.lock:
+                    loss = model.runs[run_id].metrics.get("loss")
+                    return loss is not None and bool(loss.resumed_at())
+
+            await settle(pilot, resumed, 60, "a resume mark on the loss curve")
+            with model.lock:
+                marks = model.runs[run_id].metrics["loss"].resumed_at()
+            assert abs(marks[0] - stopped_at) <= 10
+            await pilot.pause(0.5)
+            assert "resumed @" in screen_text(app)
+    finally:
+        stop_quietly(daemon, run_id)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_action_is_a_notification_not_a_crash(daemon: RunningDaemon) -> None:
+    model, feed, key = watch(daemon)
+    # A run the daemon does not have (it ended and was forgotten, say): the UI still
+    # offers to stop it, and the daemon's refusal must come back as a notification.
+    ghost = scenes.summary("ghost-000000", [key], 0)
+    model.apply_runs(key, RunList(runs=[ghost]))
+    app = GpuTop(model, feed, start_run="ghost-000000", refresh_s=0.3)
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:
+        await pilot.pause()
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await settle(
+            pilot,
+            lambda: bool(app.screen.query(Toast)) and "failed" in screen_text(app),
+            20,
+            "a notification",
+        )
+        text = screen_text(app)
+        assert "stop ghost-000000 failed" in text and "no run" in text
+        assert app.is_running

@@ -1,0 +1,5 @@
+"""`python -m tui`: the same as `gputop`."""
+
+from tui.cli import main
+
+main()

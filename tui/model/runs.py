@@ -1,0 +1,229 @@
+"""What gputop knows about one run, gathered from every node it has a part on.
+
+Each node reports its own part (its `RunSummary` carries its `node_rank`); node 0's record
+is the gang's, so it wins for state, step and attempt. Node 0 also publishes the run's
+metrics and health. Metric histories are fetched once with `run.metrics` and then grow
+from live events; attempts after the first are where resumes happened, and the plots mark
+them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpud.protocol import MetricsReply, RunSummary
+from gpud.runmodel import HealthSummary, RunEvent, RunState
+from tui.model.logs import LogBuffer
+from tui.model.series import MetricSeries
+
+History = Literal["none", "loading", "loaded", "unavailable"]
+#: Metric names a trainer may use for throughput, best first.
+THROUGHPUT_NAMES = (
+    "samples_per_s",
+    "samples/s",
+    "samples_per_sec",
+    "throughput",
+    "tokens_per_s",
+    "tokens/s",
+)
+RATE_WINDOW = 64
+RUN_EVENTS_KEPT = 200
+ACTIVE = frozenset({RunState.PENDING, RunState.STARTING, RunState.RUNNING, RunState.STOPPING})
+
+
+@dataclass(frozen=True)
+class Rate:
+    value: float
+    unit: str  # "samples/s", "tokens/s" or "steps/s"
+
+
+class RunView:
+    """One run. Mutated by feed threads under the model's lock; read by the UI."""
+
+    def __init__(self, run_id: str) -> None:
+        self.id = run_id
+        self.parts: dict[int, RunSummary] = {}  # node_rank → that node's record
+        self.part_nodes: dict[int, str] = {}  # node_rank → key of the node that told us
+        self.metrics: dict[str, MetricSeries] = {}
+        # (time, step) of the latest attempt's newest points: the rate and ETA come from it.
+        self.progress: deque[tuple[float, float]] = deque(maxlen=RATE_WINDOW)
+        self.progress_attempt = 0
+        self.health: HealthSummary | None = None
+        self.events: deque[RunEvent] = deque(maxlen=RUN_EVENTS_KEPT)
+        self.logs = LogBuffer()
+        self.history: History = "none"
+        self.history_error: str | None = None
+        self.health_asked = False
+        self.metrics_version = 0
+        self.version = 0
+
+    # ------------------------------------------------------------ the gang's record
+
+    @property
+    def summary(self) -> RunSummary:
+        return self.parts[min(self.parts)]
+
+    @property
+    def known(self) -> bool:
+        return bool(self.parts)
+
+    @property
+    def coordinator_known(self) -> bool:
+        return 0 in self.parts
+
+    @property
+    def active(self) -> bool:
+        return self.known and self.summary.state in ACTIVE
+
+    def add_summary(self, node_key: str, summary: RunSummary) -> None:
+        old = self.parts.get(summary.node_rank)
+        if old == summary:
+            return
+        self.parts[summary.node_rank] = summary
+        self.part_nodes[summary.node_rank] = node_key
+        self.version += 1
+
+    def nproc_by_node(self) -> list[int | None]:
+        """Processes per node of the run, in node-rank order (None: not known yet)."""
+        nodes = len(self.summary.nodes) if self.parts else 0
+        fallback = self.summary.nproc if self.parts else None
+        return [
+            (self.parts[r].nproc if r in self.parts and self.parts[r].nproc else fallback)
+            for r in range(nodes)
+        ]
+
+    def world_size(self) -> int | None:
+        if self.health is not None and self.health.world_size:
+            return self.health.world_size
+        counts = self.nproc_by_node()
+        if not counts or any(c is None for c in counts):
+            return None
+        return sum(c for c in counts if c is not None)
+
+    def nproc_of(self, node_rank: int) -> int | None:
+        counts = self.nproc_by_node()
+        return counts[node_rank] if node_rank < len(counts) else None
+
+    def backend(self) -> str | None:
+        return self.health.backend if self.health is not None else None
+
+    # ------------------------------------------------------------ metrics
+
+    def add_points(self, attempt: int, points: Iterable[dict[str, Any]]) -> None:
+        changed = False
+        for point in points:
+            step = point.get("step")
+            values = point.get("values") or {}
+            if not isinstance(step, int) or not isinstance(values, dict):
+                continue
+            for name, value in values.items():
+                if isinstance(value, (int, float)):
+                    series = self.metrics.setdefault(name, MetricSeries())
+                    changed |= series.append(attempt, float(step), float(value))
+            when = point.get("time")
+            if isinstance(when, (int, float)) and attempt >= self.progress_attempt:
+                if attempt > self.progress_attempt:
+                    self.progress.clear()  # a resume: the pause is not part of the rate
+                    self.progress_attempt = attempt
+                self.progress.append((float(when), float(step)))
+        if changed:
+            self.metrics_version += 1
+            self.version += 1
+
+    def add_history(self, reply: MetricsReply) -> None:
+        """The whole history from node 0; live points already here are kept after it."""
+        live = {name: list(series.points()) for name, series in self.metrics.items()}
+        self.metrics = {}
+        self.progress.clear()
+        self.progress_attempt = 0
+        for row in reply.rows:
+            self.add_points(
+                row.attempt, [{"step": row.step, "time": row.time, "values": row.values}]
+            )
+        for name, points in live.items():
+            series = self.metrics.setdefault(name, MetricSeries())
+            for attempt, step, value in points:
+                series.append(attempt, step, value)
+        self.history = "loaded"
+        self.metrics_version += 1
+        self.version += 1
+
+    def metric_names(self) -> list[str]:
+        """Loss first, then the rest alphabetically."""
+        names = sorted(self.metrics)
+        if "loss" in names:
+            names.remove("loss")
+            names.insert(0, "loss")
+        return names
+
+    def last_value(self, name: str) -> float | None:
+        series = self.metrics.get(name)
+        last = series.last() if series is not None else None
+        if last is not None:
+            return last[2]
+        return self.summary.last_values.get(name) if self.parts else None
+
+    def last_step(self) -> int | None:
+        steps = [int(last[1]) for s in self.metrics.values() if (last := s.last()) is not None]
+        summary_step = self.summary.last_step if self.parts else None
+        candidates = [s for s in (max(steps) if steps else None, summary_step) if s is not None]
+        return max(candidates) if candidates else None
+
+    def rate(self) -> Rate | None:
+        """Throughput while the run is active: the trainer's own figure if it reports one,
+        else steps per second over the latest attempt's recent points."""
+        if not self.active:
+            return None
+        for name in THROUGHPUT_NAMES:
+            value = self.last_value(name)
+            if value is not None:
+                unit = "tokens/s" if name.startswith("tokens") else "samples/s"
+                return Rate(value, unit)
+        if len(self.progress) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
+        if t1 <= t0 or s1 < s0:
+            return None
+        return Rate((s1 - s0) / (t1 - t0), "steps/s")
+
+    def rate_history(self) -> list[float]:
+        """Recent throughput, oldest first: the trainer's metric, else steps per second."""
+        for name in THROUGHPUT_NAMES:
+            series = self.metrics.get(name)
+            if series is not None and len(series):
+                return list(series.segments[-1].values[-RATE_WINDOW:])
+        points = list(self.progress)
+        return [
+            (s1 - s0) / (t1 - t0)
+            for (t0, s0), (t1, s1) in itertools.pairwise(points)
+            if t1 > t0 and s1 >= s0
+        ]
+
+    def recent(self, name: str, count: int = RATE_WINDOW) -> list[float]:
+        series = self.metrics.get(name)
+        if series is None or not series.segments:
+            return []
+        return list(series.segments[-1].values[-count:])
+
+    def eta_s(self) -> float | None:
+        if not self.active or not self.parts:
+            return None
+        summary = self.summary
+        step = self.last_step()
+        if summary.max_steps is None or step is None or len(self.progress) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        return max(0.0, (summary.max_steps - 1 - step) / ((s1 - s0) / (t1 - t0)))
+
+    def verdict(self) -> str | None:
+        if self.health is None:
+            return None
+        if self.parts and self.summary.state.terminal:
+            return None  # the last verdict of an ended run says nothing now
+        return self.health.verdict

@@ -1,0 +1,1 @@
+"""gputop's screens, one per file, each with its own .tcss."""

@@ -1,0 +1,107 @@
+"""Node: every GPU of one node, its history sparklines, every field, and its processes
+mapped to run and rank."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import DataTable, Footer, Static
+
+from tui.model import units
+from tui.model.fleet import FleetModel
+from tui.model.nodes import NodeView
+from tui.screens.live import LiveScreen
+from tui.widgets.gpu_detail import GpuDetail
+from tui.widgets.gpu_history import GpuHistoryPanel
+from tui.widgets.gpu_table import GpuTable
+from tui.widgets.title_bar import TitleBar
+
+
+def node_info_text(node: NodeView, online: bool, now_wall: float) -> Text:
+    text = Text()
+    text.append("online" if online else "offline", style="bold green" if online else "bold red")
+    if node.simulated:
+        text.append("  SIMULATED GPUs", style="bold yellow")
+    text.append(f"  {node.label}", style="dim")
+    snap = node.snapshot
+    if snap is not None:
+        text.append(f"  {snap.backend} driver {snap.driver_version or units.NA}")
+        if snap.cuda_driver_version:
+            text.append(f" CUDA {snap.cuda_driver_version}")
+        host = snap.host
+        text.append(
+            f"\nhost {host.hostname}: {host.cpu_count_logical} CPUs {units.pct(host.cpu_percent)}"
+            f" load {units.number(host.load_1m, 3)}"
+            f"  RAM {units.bytes_(host.memory_used_bytes)}/{units.bytes_(host.memory_total_bytes)}"
+        )
+    if node.info is not None:
+        uptime = now_wall - node.info.started_at
+        text.append(f"  gpud {node.info.version}, up {units.duration(uptime)}")
+    if node.error and not online:
+        text.append(f"\n{node.error}", style="red")
+    recent = list(node.events)[-3:]
+    for event in recent:
+        style = {"critical": "bold red", "warning": "yellow"}.get(event.severity, "dim")
+        text.append(f"\n! {event.message}", style=style)
+    return text
+
+
+class NodeScreen(LiveScreen):
+    VIEW = "node"
+    CSS_PATH = "node.tcss"
+
+    def __init__(self, model: FleetModel, key: str) -> None:
+        super().__init__(model)
+        self.key = key
+        self._info_key: tuple[object, ...] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield TitleBar(id="title")
+        yield Static(id="node-info")
+        yield GpuTable()
+        with Horizontal(id="gpu-panels"):
+            yield GpuHistoryPanel(id="gpu-history")
+            with VerticalScroll(id="gpu-detail-scroll"):
+                yield GpuDetail(id="gpu-detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_model()
+        self.query_one(GpuTable).focus()
+
+    def _selected_gpu(self) -> int | None:
+        key = self.query_one(GpuTable).selected_key
+        return int(key) if key is not None else None
+
+    def refresh_model(self) -> None:
+        node = self.model.node(self.key)
+        if node is None:
+            return
+        with self.model.lock:
+            online = node.online(self.model.clock())
+            self.query_one(TitleBar).show(
+                ["Fleet", node.name], readonly=getattr(self.app, "readonly", False)
+            )
+            now_wall = self.model.wall()
+            info_key = (node.version, online, node.error, node.info is None, int(now_wall))
+            if info_key != self._info_key:
+                self._info_key = info_key
+                text = node_info_text(node, online, now_wall)
+                self.query_one("#node-info", Static).update(text)
+            self.query_one(GpuTable).show(node)
+            index = self._selected_gpu()
+            if index is None and node.snapshot is not None and node.snapshot.gpus:
+                index = node.snapshot.gpus[0].index
+            self.query_one(GpuHistoryPanel).show(node, index)
+            self.query_one(GpuDetail).show(self.model, node, index)
+
+    @on(DataTable.RowHighlighted, "#gpu-table")
+    def _gpu_moved(self, event: DataTable.RowHighlighted) -> None:
+        self.refresh_model()
+
+    def selected_run(self) -> str | None:
+        with self.model.lock:
+            active = [r for r in self.model.runs_on(self.key) if r.active]
+            return active[0].id if len(active) == 1 else None

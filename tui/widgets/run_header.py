@@ -1,0 +1,69 @@
+"""Two lines about a run: what it is (state, attempt, launcher and backend, nodes ×
+processes) and how it goes (step, loss, learning rate, throughput, ETA)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.model import units
+from tui.model.runs import RunView
+from tui.widgets.runs_table import STATE_STYLES, shape
+
+SPARK = 8
+
+
+def header_text(run: RunView, metric: str) -> Text:
+    text = Text()
+    if not run.known:
+        text.append(f"{run.id}: waiting for the nodes to report it…", style="dim")
+        return text
+    s = run.summary
+    text.append(s.name, style="bold")
+    text.append(" · ")
+    text.append(s.state.value, style=STATE_STYLES.get(s.state, ""))
+    if s.reason and not s.reason.startswith("attempt "):
+        text.append(f" ({s.reason[:60]})", style="dim")
+    text.append(f" · attempt {s.attempt}")
+    if s.restarts:
+        text.append(f" ({s.restarts} restarts)", style="yellow")
+    text.append(f" · {s.launcher}")
+    backend = run.backend()
+    if backend:
+        text.append(f"/{backend}", style="bold magenta")
+    text.append(f" · {shape(run)} procs")
+    text.append("\n")
+    step = run.last_step()
+    text.append("step ", style="cyan")
+    text.append("–" if step is None else str(step), style="bold")
+    if s.max_steps:
+        text.append(f"/{s.max_steps}")
+    text.append("  loss ", style="cyan")
+    text.append(units.number(run.last_value("loss")), style="bold")
+    rate = run.rate()
+    if rate is not None:
+        text.append(f"  {units.number(rate.value, 3)} {rate.unit}", style="cyan")
+        history = run.rate_history()
+        if history:
+            text.append(" " + units.sparkline(list(history), SPARK).strip(), style="green")
+    eta = run.eta_s()
+    if eta is not None:
+        text.append(f"  ETA {units.duration(eta)}", style="cyan")
+    lr = run.recent("lr")
+    if lr:
+        text.append("  lr ", style="cyan")
+        text.append(units.number(run.last_value("lr"), 3))
+        text.append(" " + units.sparkline(list(lr), SPARK).strip(), style="magenta")
+    if s.last_checkpoint is not None and s.last_checkpoint.step is not None:
+        text.append(f"  ckpt @{s.last_checkpoint.step}", style="dim")
+    return text
+
+
+class RunHeader(Static):
+    _key: tuple[object, ...] | None = None
+
+    def show(self, run: RunView, metric: str) -> None:
+        key = (run.id, run.version, metric)
+        if key != self._key:
+            self._key = key
+            self.update(header_text(run, metric))

@@ -1,0 +1,103 @@
+"""Every run across the nodes: state, nodes × processes, step, loss, rate, ETA, attempt,
+health verdict."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from gpud.runmodel import RunState
+from tui.model import units
+from tui.model.fleet import FleetModel
+from tui.model.runs import RunView
+from tui.widgets.live_table import LiveTable, Row
+
+COLUMNS = [
+    ("RUN", "run", 19),
+    ("STATE", "state", 10),
+    ("ATT", "attempt", 4),
+    ("N×P", "shape", 5),
+    ("STEP", "step", None),
+    ("LOSS", "loss", 7),
+    ("RATE", "rate", None),
+    ("ETA", "eta", 6),
+    ("HEALTH", "health", 9),
+    ("AGE", "age", 7),
+]
+
+STATE_STYLES = {
+    RunState.RUNNING: "bold green",
+    RunState.STARTING: "cyan",
+    RunState.PENDING: "cyan",
+    RunState.STOPPING: "yellow",
+    RunState.STOPPED: "dim",
+    RunState.SUCCEEDED: "green",
+    RunState.FAILED: "bold red",
+}
+RATE_UNITS = {"steps/s": " st/s", "samples/s": " sa/s", "tokens/s": " tk/s"}
+VERDICT_STYLES = {
+    "ok": "green",
+    "degraded": "yellow",
+    "stalled": "bold red",
+    "failed": "bold red",
+    "idle": "dim",
+}
+
+
+def shape(run: RunView) -> str:
+    counts = run.nproc_by_node()
+    nodes = len(counts)
+    known = {c for c in counts if c is not None}
+    if len(known) == 1:
+        return f"{nodes}×{known.pop()}"
+    if not known:
+        return f"{nodes}×?"
+    return f"{nodes}×{'/'.join(str(c or '?') for c in counts)}"
+
+
+def verdict_cell(run: RunView) -> Text:
+    verdict = run.verdict()
+    if verdict is None:
+        return Text("–", style="dim")
+    return Text(verdict, style=VERDICT_STYLES.get(verdict, ""))
+
+
+def run_row(run: RunView, now_wall: float) -> Row:
+    s = run.summary
+    step = run.last_step()
+    step_text = "–" if step is None else str(step)
+    if s.max_steps and step is not None:
+        step_text += f"/{s.max_steps}"
+    rate = run.rate()
+    return (
+        run.id,
+        [
+            Text(run.id, style="bold"),
+            Text(s.state.value, style=STATE_STYLES.get(s.state, "")),
+            str(s.attempt),
+            shape(run),
+            step_text,
+            units.number(run.last_value("loss"), 3),
+            "–" if rate is None else f"{units.number(rate.value, 3)}{RATE_UNITS[rate.unit]}",
+            units.duration(run.eta_s()) if run.active else "–",
+            verdict_cell(run),
+            units.duration(now_wall - s.created_at),
+        ],
+    )
+
+
+class RunsTable(LiveTable):
+    def __init__(self) -> None:
+        super().__init__(COLUMNS, id="runs-table")
+
+    def show(self, model: FleetModel, needle: str = "") -> None:
+        now = model.wall()
+        needle = needle.lower()
+        rows = [
+            run_row(r, now)
+            for r in model.sorted_runs()
+            if not needle
+            or needle in r.id.lower()
+            or needle in r.summary.state.value
+            or needle in r.summary.name.lower()
+        ]
+        self.sync(rows)
