@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
-from torch.utils.data import DataLoader
 
 import trainers
 from trainers.checkpoint import Checkpointer
-from trainers.data import ResumableDistributedSampler
+from trainers.data import ResumableBatches, ResumableDistributedSampler
 from trainers.examples.toy import ToyModel, common_args, save_final, synthetic_dataset
 
 
@@ -66,8 +64,9 @@ def main() -> None:
     model, optimizer, schedule = accelerator.prepare(model, optimizer, schedule)
     scaler = accelerator.scaler  # fp16 only; its loss scale is part of the resumable state
 
+    batches = ResumableBatches(data, sampler, args.batch_size, device)
     ckpt = Checkpointer(run)
-    start, epoch, consumed = 0, 0, 0
+    start = 0
     if (saved := ckpt.load()) is not None:
         accelerator.unwrap_model(model).load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -75,27 +74,9 @@ def main() -> None:
         if scaler is not None and saved["scaler"] is not None:
             scaler.load_state_dict(saved["scaler"])
         start = saved["step"] + 1
-        epoch, consumed = saved["data"]["epoch"], saved["data"]["consumed"]
-        sampler.load_state_dict(saved["data"])
+        batches.load_state_dict(saved["data"])
         if rank == 0:
             print(f"resumed from {run.resume_from} at step {start}", flush=True)
-    else:
-        sampler.set_epoch(0)
-
-    # A generator of its own: a DataLoader iterator otherwise draws its seed from the global
-    # RNG, and the resumed run (one more iterator) would drift from the uninterrupted one.
-    loader_rng = torch.Generator()
-
-    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        nonlocal epoch, consumed
-        while True:
-            for x, y in DataLoader(
-                data, batch_size=args.batch_size, sampler=sampler, generator=loader_rng
-            ):
-                consumed += len(x)
-                yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            epoch, consumed = epoch + 1, 0
-            sampler.set_epoch(epoch)
 
     def state() -> dict[str, Any]:
         return {
@@ -103,10 +84,10 @@ def main() -> None:
             "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(),
             "scaler": None if scaler is None else scaler.state_dict(),
-            "data": sampler.state_dict(consumed),
+            "data": batches.state_dict(),
         }
 
-    stream = batches()
+    stream = iter(batches)
     every = run.env.checkpoint_every
     step = start
     total = 0.0

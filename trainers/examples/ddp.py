@@ -14,16 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
 import trainers
 from trainers.checkpoint import Checkpointer
-from trainers.data import ResumableDistributedSampler
+from trainers.data import ResumableBatches, ResumableDistributedSampler
 from trainers.distributed import init_distributed
 from trainers.examples.toy import ToyModel, common_args, save_final, synthetic_dataset
 
@@ -58,34 +56,18 @@ def main() -> None:
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision or "")
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype is torch.float16)
 
+    batches = ResumableBatches(data, sampler, args.batch_size, device)
     ckpt = Checkpointer(run)
-    start, epoch, consumed = 0, 0, 0
+    start = 0
     if (saved := ckpt.load()) is not None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
         scaler.load_state_dict(saved["scaler"])
         start = saved["step"] + 1
-        epoch, consumed = saved["data"]["epoch"], saved["data"]["consumed"]
-        sampler.load_state_dict(saved["data"])
+        batches.load_state_dict(saved["data"])
         if rank == 0:
             print(f"resumed from {run.resume_from} at step {start}", flush=True)
-    else:
-        sampler.set_epoch(0)
-
-    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        nonlocal epoch, consumed
-        while True:
-            # Its own generator: a DataLoader otherwise seeds each new iterator from the
-            # global RNG, and a resumed run creates one iterator more than a straight one.
-            loader = DataLoader(
-                data, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator()
-            )
-            for x, y in loader:
-                consumed += len(x)
-                yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            epoch, consumed = epoch + 1, 0
-            sampler.set_epoch(epoch)
 
     def state() -> dict[str, object]:
         return {
@@ -93,10 +75,10 @@ def main() -> None:
             "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(),
             "scaler": scaler.state_dict(),
-            "data": sampler.state_dict(consumed),
+            "data": batches.state_dict(),
         }
 
-    stream = batches()
+    stream = iter(batches)
     every = run.env.checkpoint_every
     step = start
     while step < args.steps:

@@ -18,17 +18,15 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
 import trainers
 from trainers.checkpoint import Checkpointer
-from trainers.data import ResumableDistributedSampler
+from trainers.data import ResumableBatches, ResumableDistributedSampler
 from trainers.distributed import init_distributed
 from trainers.examples.toy import ToyModel, common_args, save_final, synthetic_dataset
 
@@ -115,36 +113,19 @@ def main() -> None:
     accumulation = engine.gradient_accumulation_steps()
     dtype = next(engine.module.parameters()).dtype  # bf16/fp16 when the JSON enables them
 
+    batches = ResumableBatches(data, sampler, micro_batch, engine.device, dtype)
     ckpt = Checkpointer(run)
-    start, epoch, consumed = 0, 0, 0
+    start = 0
     if (saved := ckpt.load_deepspeed(engine)) is not None:
         start = saved["step"] + 1
-        epoch, consumed = saved["data"]["epoch"], saved["data"]["consumed"]
-        sampler.load_state_dict(saved["data"])
+        batches.load_state_dict(saved["data"])
         if rank == 0:
             print(f"resumed from {run.resume_from} at step {start}", flush=True)
-    else:
-        sampler.set_epoch(0)
-
-    # A generator of its own: a DataLoader iterator otherwise draws its seed from the global
-    # RNG, and the resumed run (one more iterator) would drift from the uninterrupted one.
-    loader_rng = torch.Generator()
-
-    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        nonlocal epoch, consumed
-        while True:
-            for x, y in DataLoader(
-                data, batch_size=micro_batch, sampler=sampler, generator=loader_rng
-            ):
-                consumed += len(x)
-                yield x.to(engine.device, dtype), y.to(engine.device, dtype)
-            epoch, consumed = epoch + 1, 0
-            sampler.set_epoch(epoch)
 
     def client_state() -> dict[str, Any]:
-        return {"data": sampler.state_dict(consumed)}
+        return {"data": batches.state_dict()}
 
-    stream = batches()
+    stream = iter(batches)
     every = run.env.checkpoint_every
     step = start
     total = 0.0
