@@ -22,14 +22,9 @@ from typing import TypeVar
 import zmq
 from pydantic import BaseModel, ValidationError
 
+from gpud.endpoints import AddressError, events_endpoint_for, parse_endpoint
 from gpud.keys import KeyFileError, KeyPair, load_client_keypair
-from gpud.known_nodes import (
-    AddressError,
-    KnownNodes,
-    events_endpoint_for,
-    load_known_nodes,
-    parse_endpoint,
-)
+from gpud.known_nodes import KnownNodes, load_known_nodes
 from gpud.protocol import (
     METHODS,
     AckEventsReply,

@@ -34,6 +34,7 @@ from gpud.auth import (
     authorized_keys_path,
 )
 from gpud.control import Caller, ControlServer, Handler, configure_router, typed
+from gpud.endpoints import endpoint_host, events_endpoint_for
 from gpud.hardware.events import detect_events
 from gpud.hardware.host import HostSampler
 from gpud.hardware.node import NodeSampler, open_gpu_sampler
@@ -46,7 +47,7 @@ from gpud.keys import (
     load_or_create_keypair,
     server_key_dir,
 )
-from gpud.known_nodes import KnownNode, endpoint_host, events_endpoint_for, remember_node
+from gpud.known_nodes import KnownNode, remember_node
 from gpud.protocol import (
     PROTOCOL_VERSION,
     AckEventsReply,

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpud.known_nodes import AddressError, is_loopback, parse_endpoint
+from gpud.endpoints import AddressError, is_loopback, parse_endpoint
 from gpud.paths import config_dir, default_state_dir
 from gpud.protocol import describe_validation_error
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from gpud.auth import authorize, authorized_keys_path, read_authorized_keys, revoke
+from gpud.endpoints import DEFAULT_EVENTS_PORT, AddressError, parse_endpoint
 from gpud.frontend import state_dir_option
 from gpud.keys import (
     CLIENT_KEY,
@@ -28,13 +29,10 @@ from gpud.keys import (
     load_server_public_key,
 )
 from gpud.known_nodes import (
-    DEFAULT_EVENTS_PORT,
-    AddressError,
     KnownNode,
     forget_node,
     known_nodes_path,
     load_known_nodes,
-    parse_endpoint,
     remember_node,
 )
 from gpud.paths import default_state_dir

@@ -35,8 +35,8 @@ from gpud.client import (
     Subscription,
     Unreachable,
 )
+from gpud.endpoints import events_endpoint_for
 from gpud.keys import KeyFileError, KeyPair, load_client_keypair
-from gpud.known_nodes import events_endpoint_for
 from gpud.protocol import Event, LogsRequest, MetricsReply, MetricsRequest
 from tui.model.decode import decode
 from tui.model.fleet import FleetModel, Want

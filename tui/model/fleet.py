@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpud.known_nodes import canonical_endpoint
+from gpud.endpoints import canonical_endpoint
 from gpud.protocol import (
     Event,
     LogChunk,

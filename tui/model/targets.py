@@ -24,13 +24,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpud.client import ConfigError, NodeTarget, resolve_target
-from gpud.known_nodes import (
-    DEFAULT_EVENTS_PORT,
-    AddressError,
-    canonical_endpoint,
-    load_known_nodes,
-    parse_endpoint,
-)
+from gpud.endpoints import DEFAULT_EVENTS_PORT, AddressError, canonical_endpoint, parse_endpoint
+from gpud.known_nodes import load_known_nodes
 from gpud.protocol import describe_validation_error
 
 DEFAULT_NODE = "127.0.0.1:7711"

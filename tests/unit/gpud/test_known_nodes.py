@@ -6,16 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpud.known_nodes import (
-    AddressError,
-    KnownNode,
-    events_endpoint_for,
-    forget_node,
-    is_loopback,
-    load_known_nodes,
-    parse_endpoint,
-    remember_node,
-)
+from gpud.endpoints import AddressError, events_endpoint_for, is_loopback, parse_endpoint
+from gpud.known_nodes import KnownNode, forget_node, load_known_nodes, remember_node
 
 
 @pytest.mark.parametrize(
