@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpud.client import Client  # noqa: E402
 from gpud.keys import load_client_keypair  # noqa: E402
-from gpud.protocol import Empty, encode_request  # noqa: E402
+from gpud.protocol import NODE_INFO, Empty, encode_request  # noqa: E402
 from tests.support.daemons import RunningDaemon, start_daemon  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def throughput(daemon: RunningDaemon, requests: int, window: int = 64) -> float:
         sock.curve_serverkey = target.server_key
         sock.curve_publickey, sock.curve_secretkey = keys.public, keys.secret
     sock.connect(target.control)
-    frames = [encode_request(f"b{i}", "node.info", Empty()) for i in range(requests)]
+    frames = [encode_request(f"b{i}", NODE_INFO, Empty()) for i in range(requests)]
     # Warm-up: handshake and caches.
     for frame in frames[:200]:
         sock.send(frame)

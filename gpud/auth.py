@@ -2,9 +2,11 @@
 
 `<state-dir>/authorized_keys.json` maps client public keys to a role. The authenticator
 consults it on every CURVE handshake (re-reading the file when it changed, so
-`gpuctl keys authorize` needs no restart) and labels each connection `role:name`; zmq
-then stamps that label as `User-Id` on every message from the connection, which is how
-the control loop knows the caller's role without any per-message cost.
+`gpuctl keys authorize` needs no restart) and labels each connection with the client's
+public key; zmq stamps that label as `User-Id` on every message from the connection.
+The role is *not* fixed at the handshake: the `Authorizer` looks the key up again for
+every request, against the file as it is now (re-read at most every RECHECK_S when it
+changed), so a revoked or downgraded key loses its rights on open connections too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
@@ -27,6 +31,17 @@ log = logging.getLogger("gpud.auth")
 AUTHORIZED_KEYS = "authorized_keys.json"
 #: The ZAP domain of every gpud socket; the authenticator serves this domain only.
 ZAP_DOMAIN = "gpud"
+#: How often the authorized-keys file is checked for changes, at most.
+RECHECK_S = 0.25
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, as decided for that request."""
+
+    role: Role
+    name: str
+    key: str | None = None  # z85 public key; None on an --insecure daemon
 
 
 class AuthorizedKey(BaseModel):
@@ -122,15 +137,26 @@ class KeyRing:
     `peers` (optional) is consulted for keys not in the file: coordinators of runs.
     """
 
-    def __init__(self, path: Path, peers: PeerKeys | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        peers: PeerKeys | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = path
         self.peers = peers
+        self._clock = clock
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
+        self._checked_at = float("-inf")
         self._by_key: dict[str, AuthorizedKey] = {}
         self._reload_if_changed()  # now: a corrupt file fails at start-up, not at first client
 
-    def _reload_if_changed(self) -> None:
+    def _reload_if_changed(self, fresh: bool = True) -> None:
+        now = self._clock()
+        if not fresh and now - self._checked_at < RECHECK_S:
+            return
+        self._checked_at = now
         try:
             st = self.path.stat()
             stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
@@ -143,10 +169,12 @@ class KeyRing:
         self._stamp = stamp
         log.info("authorized keys loaded: %d key(s) from %s", len(self._by_key), self.path)
 
-    def lookup(self, z85_key: str) -> AuthorizedKey | None:
+    def lookup(self, z85_key: str, fresh: bool = True) -> AuthorizedKey | None:
+        """The key's entry now. `fresh=False` (per request) may use a file state up to
+        RECHECK_S old; handshakes always look at the file as it is."""
         with self._lock:
             try:
-                self._reload_if_changed()
+                self._reload_if_changed(fresh)
             except KeyFileError as exc:
                 # Keep serving with the keys we had; a broken edit must not lock everyone out.
                 log.error("%s; keeping the previously loaded keys", exc)
@@ -168,7 +196,7 @@ class _CredentialsProvider:
 
 
 class RoleAuthenticator(ThreadAuthenticator):
-    """ZAP handler: only keys in the ring get in; their User-Id is `role:name`."""
+    """ZAP handler: only keys in the ring get in; their User-Id is their public key."""
 
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], ring: KeyRing) -> None:
         super().__init__(context, log=logging.getLogger("gpud.zap"))
@@ -181,17 +209,23 @@ class RoleAuthenticator(ThreadAuthenticator):
         )
 
     def curve_user_id(self, client_public_key: bytes) -> str:
-        z85 = zmq.utils.z85.encode(client_public_key).decode("ascii")
-        entry = self._ring.lookup(z85)
-        return f"{entry.role.value}:{entry.name}" if entry else "unknown:"
+        # The key itself: the role is looked up per request, never frozen here.
+        return zmq.utils.z85.encode(client_public_key).decode("ascii")
 
 
-def parse_user_id(user_id: str | None) -> tuple[Role, str] | None:
-    """`role:name` from the ZAP handler → (role, name); None when it is not one of ours."""
-    if not user_id or ":" not in user_id:
-        return None
-    role_text, name = user_id.split(":", 1)
-    try:
-        return Role(role_text), name
-    except ValueError:
-        return None
+class Authorizer:
+    """The caller of each request: its key's role *now*, or None when it has none."""
+
+    def __init__(self, ring: KeyRing) -> None:
+        self._ring = ring
+
+    def caller(self, user_id: str | None) -> Caller | None:
+        if not user_id:
+            return None
+        entry = self._ring.lookup(user_id, fresh=False)
+        if entry is None:
+            return None
+        return Caller(entry.role, entry.name, user_id)
+
+    def authorized(self, key: str) -> bool:
+        return self._ring.lookup(key, fresh=False) is not None

@@ -17,16 +17,25 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TypeVar
 
 import zmq
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from gpud.endpoints import AddressError, events_endpoint_for, parse_endpoint
 from gpud.keys import KeyFileError, KeyPair, load_client_keypair
 from gpud.known_nodes import KnownNodes, load_known_nodes
 from gpud.protocol import (
-    METHODS,
+    NODE_EVENTS,
+    NODE_EVENTS_ACK,
+    NODE_HW,
+    NODE_INFO,
+    RUN_HEALTH,
+    RUN_LIST,
+    RUN_LOGS,
+    RUN_METRICS,
+    RUN_RESUME,
+    RUN_STATUS,
+    RUN_STOP,
     AckEventsReply,
     AckEventsRequest,
     Empty,
@@ -35,12 +44,14 @@ from gpud.protocol import (
     ListRequest,
     LogChunk,
     LogsRequest,
-    Message,
+    Method,
     MetricsReply,
     MetricsRequest,
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
+    ReplyT,
+    RequestT,
     ResumeRequest,
     RunList,
     RunRef,
@@ -55,7 +66,6 @@ from gpud.runmodel import HealthSummary
 from gpud.snapshot import NodeSnapshot
 
 DEFAULT_TIMEOUT_S = 5.0
-ReplyT = TypeVar("ReplyT", bound=BaseModel)
 
 
 class ClientError(Exception):
@@ -213,14 +223,14 @@ class Client:
     # ----------------------------------------------------------------- requests
 
     def call(
-        self, type_: str, body: Message | None = None, timeout_s: float | None = None
-    ) -> BaseModel:
-        """Send one request and wait for its reply; returns the reply body's model."""
-        method = METHODS.get(type_)
-        if method is None:
-            raise ConfigError(f"unknown request type {type_!r}")
+        self,
+        method: Method[RequestT, ReplyT],
+        body: RequestT | None = None,
+        timeout_s: float | None = None,
+    ) -> ReplyT:
+        """Send one request and wait for its reply; returns the method's reply model."""
         request_id = f"{self._prefix}-{next(self._ids)}"
-        self._sock.send(encode_request(request_id, type_, body or Empty()))
+        self._sock.send(encode_request(request_id, method, body if body is not None else Empty()))
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         while True:
@@ -253,55 +263,45 @@ class Client:
                 except ValidationError as exc:
                     raise RequestFailed(
                         ErrorCode.INTERNAL.value,
-                        f"unexpected reply to {type_}: {exc.errors()[0]['msg']}",
+                        f"unexpected reply to {method.name}: {exc.errors()[0]['msg']}",
                     ) from None
 
-    def _typed(self, type_: str, model: type[ReplyT], body: Message | None = None) -> ReplyT:
-        result = self.call(type_, body)
-        if not isinstance(result, model):  # METHODS and this helper disagree: our bug
-            raise TypeError(f"{type_} replied {type(result).__name__}, expected {model.__name__}")
-        return result
-
     def node_info(self) -> NodeInfo:
-        return self._typed("node.info", NodeInfo)
+        return self.call(NODE_INFO)
 
     def node_hw(self) -> NodeSnapshot:
-        return self._typed("node.hw", NodeSnapshot)
+        return self.call(NODE_HW)
 
     def node_events(self, limit: int = 100, since: float | None = None) -> NodeEventsReply:
-        return self._typed(
-            "node.events", NodeEventsReply, NodeEventsRequest(limit=limit, since=since)
-        )
+        return self.call(NODE_EVENTS, NodeEventsRequest(limit=limit, since=since))
 
     def ack_events(self, gpu_index: int | None = None) -> AckEventsReply:
-        return self._typed("node.events.ack", AckEventsReply, AckEventsRequest(gpu_index=gpu_index))
+        return self.call(NODE_EVENTS_ACK, AckEventsRequest(gpu_index=gpu_index))
 
     # ----------------------------------------------------------------- runs
 
     def runs(self, active_only: bool = False, limit: int = 200) -> RunList:
-        return self._typed("run.list", RunList, ListRequest(active_only=active_only, limit=limit))
+        return self.call(RUN_LIST, ListRequest(active_only=active_only, limit=limit))
 
     def run_status(self, run: str) -> RunStatus:
-        return self._typed("run.status", RunStatus, RunRef(run=run))
+        return self.call(RUN_STATUS, RunRef(run=run))
 
     def run_metrics(
         self, run: str, name: str | None = None, attempt: int | None = None
     ) -> MetricsReply:
-        return self._typed(
-            "run.metrics", MetricsReply, MetricsRequest(run=run, name=name, attempt=attempt)
-        )
+        return self.call(RUN_METRICS, MetricsRequest(run=run, name=name, attempt=attempt))
 
     def run_health(self, run: str) -> HealthSummary:
-        return self._typed("run.health", HealthSummary, RunRef(run=run))
+        return self.call(RUN_HEALTH, RunRef(run=run))
 
     def run_logs(self, request: LogsRequest) -> LogChunk:
-        return self._typed("run.logs", LogChunk, request)
+        return self.call(RUN_LOGS, request)
 
     def stop_run(self, run: str, force: bool = False) -> RunSummary:
-        return self._typed("run.stop", RunSummary, StopRequest(run=run, force=force))
+        return self.call(RUN_STOP, StopRequest(run=run, force=force))
 
     def resume_run(self, run: str) -> RunSummary:
-        return self._typed("run.resume", RunSummary, ResumeRequest(run=run))
+        return self.call(RUN_RESUME, ResumeRequest(run=run))
 
     # ----------------------------------------------------------------- events
 

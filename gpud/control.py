@@ -3,8 +3,14 @@
 One ROUTER socket; every frame that arrives gets exactly one outcome: a reply, an error
 reply, or (when it cannot be answered at all) a logged drop. Nothing a client sends can
 raise out of here, block the loop, or make the daemon keep memory: frames over
-MAX_FRAME_BYTES are refused by the socket itself, replies to vanished or slow peers are
-dropped by ROUTER at its high-water mark, and no per-client state is kept.
+MAX_FRAME_BYTES are refused by the socket itself, a connection with more than its
+allowance in flight (one huge multipart message) is cut by the guard, replies to vanished
+or slow peers are dropped by ROUTER at its high-water mark, and no per-client state is
+kept.
+
+Every method is bound to its handler exactly once (`Registry`); a method without one is
+an error when the daemon starts, never a runtime "not served". The caller's role is looked
+up for every request, so a revoked key loses its rights on open connections too.
 
 Sync handlers run inline (the common, fast case); a handler that returns an awaitable
 runs as a task and replies when it finishes, so a slow request never holds up others.
@@ -15,22 +21,26 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic
 
 import zmq
-import zmq.asyncio
 from pydantic import BaseModel
 
 from gpud.audit import AuditLog
-from gpud.auth import parse_user_id
+from gpud.auth import Authorizer, Caller
+from gpud.drain import Frames, SocketDrain
+from gpud.guard import ConnectionGuard, Limits
 from gpud.protocol import (
     MAX_FRAME_BYTES,
+    METHODS,
     ErrorCode,
     Message,
     Method,
     ProtocolError,
+    ReplyT,
+    RequestT,
     Role,
     decode_request,
     encode_error,
@@ -41,12 +51,64 @@ log = logging.getLogger("gpud.control")
 
 #: Requests handled per wake-up before yielding to the rest of the loop.
 BATCH = 256
+#: What one connection, and all of them, may have in flight (read by libzmq, not yet
+#: handed over): two largest frames and some slack; a multipart message past this is cut.
+CONTROL_LIMITS = Limits(
+    in_flight_bytes=2 * MAX_FRAME_BYTES + 2**20,
+    total_in_flight_bytes=64 * 2**20,
+)
+
+INSECURE_CALLER = Caller(Role.OPERATOR, "insecure-loopback")
+
+HandlerResult = BaseModel | Awaitable[BaseModel]
 
 
 @dataclass(frozen=True)
-class Caller:
-    role: Role
-    name: str
+class Binding(Generic[RequestT, ReplyT]):
+    """A method and the one handler that serves it."""
+
+    method: Method[RequestT, ReplyT]
+    handler: Callable[[RequestT, Caller], ReplyT | Awaitable[ReplyT]]
+
+
+def bind(
+    method: Method[RequestT, ReplyT],
+    handler: Callable[[RequestT, Caller], ReplyT | Awaitable[ReplyT]],
+) -> Binding[RequestT, ReplyT]:
+    """Bind `handler` to `method` (type-checked: the handler takes the method's request
+    model and returns its reply model)."""
+    return Binding(method, handler)
+
+
+class IncompleteRegistry(Exception):
+    """A method has no handler, or two."""
+
+
+class Registry:
+    """Every method of the protocol, each with exactly one handler."""
+
+    def __init__(self, bindings: Iterable[Binding[Any, Any]]) -> None:
+        self._by_name: dict[str, Binding[Any, Any]] = {}
+        for binding in bindings:
+            name = binding.method.name
+            if name in self._by_name:
+                raise IncompleteRegistry(f"{name} is bound twice")
+            if METHODS.get(name) is not binding.method:
+                raise IncompleteRegistry(f"{name} is not a method of the protocol")
+            self._by_name[name] = binding
+        missing = sorted(set(METHODS) - set(self._by_name))
+        if missing:
+            raise IncompleteRegistry(f"no handler for {', '.join(missing)}")
+
+    def handler(self, method: Method[Any, Any]) -> Callable[[Any, Caller], HandlerResult]:
+        return self._by_name[method.name].handler
+
+
+def configure_router(sock: zmq.Socket[Any]) -> None:
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.SNDHWM, 1000)
+    sock.setsockopt(zmq.RCVHWM, 1000)
+    sock.setsockopt(zmq.LINGER, 0)
 
 
 @dataclass(frozen=True)
@@ -55,70 +117,39 @@ class _Accepted:
 
     identity: bytes
     id: str
-    method: Method
+    method: Method[Any, Any]
     body: Message
     caller: Caller
 
 
-HandlerResult = BaseModel | Awaitable[BaseModel]
-Handler = Callable[[Message, Caller], HandlerResult]
-
-INSECURE_CALLER = Caller(Role.OPERATOR, "insecure-loopback")
-
-M = TypeVar("M", bound=Message)
-
-
-def typed(model: type[M], handler: Callable[[M, Caller], HandlerResult]) -> Handler:
-    """Adapt a handler of one request model to the generic signature (checked at runtime)."""
-
-    def call(body: Message, caller: Caller) -> HandlerResult:
-        if not isinstance(body, model):
-            raise ProtocolError(ErrorCode.INVALID_BODY, f"expected a {model.__name__} body")
-        return handler(body, caller)
-
-    return call
-
-
-def configure_router(sock: zmq.Socket[Any]) -> None:
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-    sock.setsockopt(zmq.SNDHWM, 1000)
-    sock.setsockopt(zmq.RCVHWM, 1000)
-    sock.linger = 0
-
-
 class ControlServer:
-    """Owns the ROUTER socket. `handlers` maps request type → handler."""
+    """Owns the ROUTER socket (a plain, non-asyncio one, read through a `SocketDrain`)."""
 
     def __init__(
         self,
-        sock: zmq.asyncio.Socket,
-        handlers: Mapping[str, Handler],
+        sock: zmq.Socket[bytes],
+        registry: Registry,
         audit: AuditLog,
-        secure: bool,
+        authorizer: Authorizer | None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
-        self._async = sock
-        # The loop waits on the asyncio socket; the work is done with non-blocking calls on a
-        # plain shadow of it, which costs far less per message than awaiting each one.
-        self._sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
-        self._handlers = handlers
+        self._sock = sock
+        self._registry = registry
         self._audit = audit
-        self._secure = secure
+        self._authorizer = authorizer  # None: --insecure, everyone is the local operator
+        self._guard = guard
+        self._drain = SocketDrain(sock, self.handle, BATCH)
         self._tasks: set[asyncio.Task[None]] = set()
         self.served = 0
 
     async def serve(self) -> None:
-        while True:
-            await self._async.poll()
-            for _ in range(BATCH):
-                try:
-                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                self.handle(frames)
+        await self._drain.serve()
 
     # ------------------------------------------------------------------ one request
 
-    def handle(self, frames: list[zmq.Frame]) -> None:
+    def handle(self, frames: Frames) -> None:
+        if self._guard is not None:
+            self._guard.received(frames)
         if len(frames) < 2:
             log.debug("dropped a message without a routing id")
             return
@@ -128,44 +159,42 @@ class ControlServer:
             self._send(identity, encode_error(None, ErrorCode.BAD_FRAME, "send exactly 1 frame"))
             return
         frame = payload_frames[0]
-        caller = self._caller(frame)
-        if caller is None:
-            log.warning("dropped a message without a known User-Id")
-            return
         try:
             request, method, body = decode_request(frame.bytes)
         except ProtocolError as exc:
             self._send(identity, encode_error(exc.request_id, exc.code, exc.message))
             return
-        if not caller.role.allows(method.role):
-            self._send(
-                identity,
-                encode_error(
-                    request.id,
-                    ErrorCode.FORBIDDEN,
-                    f"{method.name} needs the {method.role.value} role; your key "
-                    f"({caller.name}) is a {caller.role.value}",
-                ),
+        caller = self._caller(frame)
+        if caller is None:
+            # Authorized at the handshake, revoked since: refused, like any unknown key.
+            log.warning("refused %s from a key that is no longer authorized", method.name)
+            message = (
+                "your key is not authorized on this node (any more): ask its operator "
+                "to `gpuctl keys authorize` it"
             )
+            self._send(identity, encode_error(request.id, ErrorCode.FORBIDDEN, message))
             return
-        self._dispatch(_Accepted(identity, request.id, method, body, caller))
+        if not caller.role.allows(method.role):
+            message = (
+                f"{method.name} needs the {method.role.value} role; your key "
+                f"({caller.name}) is a {caller.role.value}"
+            )
+            self._send(identity, encode_error(request.id, ErrorCode.FORBIDDEN, message))
+            return
+        req = _Accepted(identity, request.id, method, body, caller)
+        self._dispatch(req)
 
     def _caller(self, frame: zmq.Frame) -> Caller | None:
-        if not self._secure:
+        if self._authorizer is None:
             return INSECURE_CALLER
         try:
             user_id = frame.get("User-Id")
         except zmq.ZMQError:
             return None
-        parsed = parse_user_id(user_id if isinstance(user_id, str) else None)
-        return Caller(*parsed) if parsed else None
+        return self._authorizer.caller(user_id if isinstance(user_id, str) else None)
 
     def _dispatch(self, req: _Accepted) -> None:
-        handler = self._handlers.get(req.method.name)
-        if handler is None:
-            message = f"{req.method.name} is not served"
-            self._send(req.identity, encode_error(req.id, ErrorCode.UNAVAILABLE, message))
-            return
+        handler = self._registry.handler(req.method)
         try:
             result = handler(req.body, req.caller)
         except Exception as exc:
@@ -184,6 +213,7 @@ class ControlServer:
         except Exception as exc:
             outcome = exc
         self._finish(req, outcome)
+        self._drain.poke()  # this send may have taken the wake-up the drain waits for
 
     def _finish(self, req: _Accepted, outcome: BaseModel | Exception) -> None:
         name = req.method.name

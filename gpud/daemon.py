@@ -27,14 +27,17 @@ from gpud import __version__
 from gpud.audit import AuditLog
 from gpud.auth import (
     ZAP_DOMAIN,
+    Authorizer,
+    Caller,
     KeyRing,
     PeerKeys,
     RoleAuthenticator,
     authorize,
     authorized_keys_path,
 )
-from gpud.control import Caller, ControlServer, Handler, configure_router, typed
+from gpud.control import CONTROL_LIMITS, ControlServer, Registry, bind, configure_router
 from gpud.endpoints import endpoint_host, events_endpoint_for
+from gpud.guard import LIBC, ConnectionGuard
 from gpud.hardware.events import detect_events
 from gpud.hardware.host import HostSampler
 from gpud.hardware.node import NodeSampler, open_gpu_sampler
@@ -49,29 +52,35 @@ from gpud.keys import (
 )
 from gpud.known_nodes import KnownNode, remember_node
 from gpud.protocol import (
+    NODE_EVENTS,
+    NODE_EVENTS_ACK,
+    NODE_HW,
+    NODE_INFO,
+    PART_HEALTH,
+    PART_START,
+    PART_STATUS,
+    PART_STOP,
     PROTOCOL_VERSION,
+    RUN_HEALTH,
+    RUN_JOIN,
+    RUN_LAUNCH,
+    RUN_LIST,
+    RUN_LOGS,
+    RUN_METRICS,
+    RUN_RESUME,
+    RUN_STATUS,
+    RUN_STOP,
     AckEventsReply,
     AckEventsRequest,
-    JoinRequest,
-    LaunchRequest,
-    ListRequest,
-    LogsRequest,
-    Message,
-    MetricsRequest,
+    Empty,
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
-    PartStartRequest,
-    PartStatusRequest,
-    PartStopRequest,
-    ResumeRequest,
     Role,
-    RunRef,
-    StopRequest,
     hw_topic,
     node_event_topic,
 )
-from gpud.publisher import EventPublisher, configure_pub
+from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 from gpud.runmodel import TrainerMessage
 from gpud.runs import queries
 from gpud.runs.simload import SimulatedLoads
@@ -125,8 +134,10 @@ class Daemon:
         self.started_at = clock()
         self._ctx: zmq.asyncio.Context | None = None
         self._auth: RoleAuthenticator | None = None
-        self._control_sock: zmq.asyncio.Socket | None = None
-        self._events_sock: zmq.asyncio.Socket | None = None
+        self._authorizer: Authorizer | None = None
+        self._control_sock: zmq.Socket[bytes] | None = None
+        self._events_sock: zmq.Socket[bytes] | None = None
+        self._guards: list[ConnectionGuard] = []
         self._store: Store | None = None
         self._audit: AuditLog | None = None
         self._sampler: NodeSampler | None = None
@@ -177,22 +188,31 @@ class Daemon:
             self._keys = server
         self._store = Store(self.state.database)
         self._audit = AuditLog(self.state.audit_log)
+        LIBC.prefer_mmap_for_large_blocks()
         self._ctx = zmq.asyncio.Context()
         if ring is not None:
             self._auth = RoleAuthenticator(self._ctx, ring)  # type: ignore[arg-type]
             self._auth.start()
+            self._authorizer = Authorizer(ring)
         self._control_sock = self._make_socket(zmq.ROUTER, server_secret)
         configure_router(self._control_sock)
-        self._events_sock = self._make_socket(zmq.PUB, server_secret)
+        self._events_sock = self._make_socket(zmq.XPUB, server_secret)
         configure_pub(self._events_sock)
         _bind(self._control_sock, s.control, "--control")
         _bind(self._events_sock, s.events, "--events")
-        self._publisher = EventPublisher(zmq.Socket.shadow(self._events_sock.underlying))
+        authorized = self._authorizer.authorized if self._authorizer else None
+        control_guard = ConnectionGuard(self._control_sock, self._ctx, "control", CONTROL_LIMITS)
+        events_guard = ConnectionGuard(
+            self._events_sock, self._ctx, "events", EVENTS_LIMITS, authorized=authorized
+        )
+        self._guards = [control_guard, events_guard]
+        self._publisher = EventPublisher(self._events_sock, events_guard)
         loads = SimulatedLoads(self._active_shims, s.simulate_gpus) if s.simulate_gpus else None
         gpus = open_gpu_sampler(s.simulate_gpus, s.node_name, clock=self._clock, loads=loads)
         self._sampler = NodeSampler(s.node_name, gpus, HostSampler(), s.interval, self._clock)
         self._latest = self._sampler.sample()
         self._start_runs()
+        self.registry()  # every method has its handler, or the daemon does not start
         self._register_locally()
         kind = "simulated " if gpus.simulated else ""
         log.info(
@@ -253,9 +273,10 @@ class Daemon:
         if self._supervisor is not None:
             self._supervisor.on_trainer_message(kind, message)
 
-    def _make_socket(self, kind: int, server_secret: bytes | None) -> zmq.asyncio.Socket:
+    def _make_socket(self, kind: int, server_secret: bytes | None) -> zmq.Socket[bytes]:
+        """A plain (not asyncio) socket: the loop reads it through a `SocketDrain`."""
         assert self._ctx is not None
-        sock = self._ctx.socket(kind)
+        sock: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(kind)
         if server_secret is not None:
             sock.curve_server = True
             sock.curve_secretkey = server_secret
@@ -290,32 +311,33 @@ class Daemon:
 
     # ------------------------------------------------------------------ serving
 
-    def handlers(self) -> dict[str, Handler]:
+    def registry(self) -> Registry:
+        """Every method of the protocol with its handler (incomplete: IncompleteRegistry)."""
         sup = self._supervisor
         assert sup is not None
-        return {
-            "node.info": self._node_info,
-            "node.hw": self._node_hw,
-            "node.events": self._node_events,
-            "node.events.ack": self._ack_events,
-            "run.launch": typed(LaunchRequest, sup.launch),
-            "run.join": typed(JoinRequest, sup.join),
-            "run.stop": typed(StopRequest, sup.stop),
-            "run.resume": typed(ResumeRequest, sup.resume),
-            "run.list": typed(ListRequest, lambda body, caller: queries.list_runs(sup, body)),
-            "run.status": typed(RunRef, lambda body, caller: queries.status(sup, body)),
-            "run.logs": typed(LogsRequest, lambda body, caller: queries.logs(sup, body)),
-            "run.part.start": typed(PartStartRequest, sup.part_start),
-            "run.part.stop": typed(PartStopRequest, sup.part_stop),
-            "run.part.status": typed(PartStatusRequest, sup.part_status),
-            "run.part.health": typed(
-                PartStatusRequest, lambda body, caller: queries.part_health(sup, body, caller)
-            ),
-            "run.metrics": typed(MetricsRequest, lambda body, caller: queries.metrics(sup, body)),
-            "run.health": typed(RunRef, lambda body, caller: queries.health(sup, body)),
-        }
+        return Registry(
+            [
+                bind(NODE_INFO, self._node_info),
+                bind(NODE_HW, self._node_hw),
+                bind(NODE_EVENTS, self._node_events),
+                bind(NODE_EVENTS_ACK, self._ack_events),
+                bind(RUN_LAUNCH, sup.launch),
+                bind(RUN_JOIN, sup.join),
+                bind(RUN_STOP, sup.stop),
+                bind(RUN_RESUME, sup.resume),
+                bind(RUN_LIST, lambda body, caller: queries.list_runs(sup, body)),
+                bind(RUN_STATUS, lambda body, caller: queries.status(sup, body)),
+                bind(RUN_LOGS, lambda body, caller: queries.logs(sup, body)),
+                bind(RUN_METRICS, lambda body, caller: queries.metrics(sup, body)),
+                bind(RUN_HEALTH, lambda body, caller: queries.health(sup, body)),
+                bind(PART_START, sup.part_start),
+                bind(PART_STOP, sup.part_stop),
+                bind(PART_STATUS, sup.part_status),
+                bind(PART_HEALTH, lambda body, caller: queries.part_health(sup, body, caller)),
+            ]
+        )
 
-    def _node_info(self, body: Message, caller: Caller) -> NodeInfo:
+    def _node_info(self, body: Empty, caller: Caller) -> NodeInfo:
         assert self._sampler is not None
         gpus = self._latest.gpus if self._latest else []
         names = {g.name for g in gpus}
@@ -336,16 +358,16 @@ class Daemon:
             role=caller.role,
         )
 
-    def _node_hw(self, body: Message, caller: Caller) -> NodeSnapshot:
+    def _node_hw(self, body: Empty, caller: Caller) -> NodeSnapshot:
         assert self._latest is not None
         return self._latest
 
-    def _node_events(self, body: Message, caller: Caller) -> NodeEventsReply:
-        assert isinstance(body, NodeEventsRequest) and self._store is not None
+    def _node_events(self, body: NodeEventsRequest, caller: Caller) -> NodeEventsReply:
+        assert self._store is not None
         return NodeEventsReply(events=self._store.node_events(body.limit, body.since))
 
-    def _ack_events(self, body: Message, caller: Caller) -> AckEventsReply:
-        assert isinstance(body, AckEventsRequest) and self._sampler is not None
+    def _ack_events(self, body: AckEventsRequest, caller: Caller) -> AckEventsReply:
+        assert self._sampler is not None
         cleared = self._sampler.gpus.acknowledge_xids(body.gpu_index)
         log.info("%s acknowledged %d XID event(s)", caller.name, cleared)
         return AckEventsReply(acknowledged=cleared)
@@ -384,12 +406,16 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
+        control_guard, _ = self._guards
         control = ControlServer(
-            self._control_sock, self.handlers(), self._audit, secure=not self.settings.insecure
+            self._control_sock, self.registry(), self._audit, self._authorizer, control_guard
         )
         assert self._supervisor is not None and self._ingest is not None
+        assert self._publisher is not None
         tasks = [
             asyncio.create_task(control.serve(), name="control"),
+            asyncio.create_task(self._publisher.serve(), name="events"),
+            *(asyncio.create_task(g.watch(), name=f"guard-{g.name}") for g in self._guards),
             asyncio.create_task(self._supervisor.serve(), name="supervisor"),
             asyncio.create_task(self._ingest.serve(), name="ingest"),
             asyncio.create_task(self._sample_forever(), name="sampler"),
@@ -421,6 +447,9 @@ class Daemon:
             for link in self._supervisor.peers.values():
                 link.close()
             self._supervisor = None
+        for guard in self._guards:
+            guard.close()
+        self._guards = []
         for sock in (self._control_sock, self._events_sock):
             if sock is not None and not sock.closed:
                 sock.close(linger=0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -347,43 +347,75 @@ class PartHealth(Reading):
     last_nccl_warning: str | None = None
 
 
+RequestT = TypeVar("RequestT", bound=Message)
+ReplyT = TypeVar("ReplyT", bound=BaseModel)
+
+
 @dataclass(frozen=True)
-class Method:
-    """One request type: its body, its reply and the role it needs."""
+class Method(Generic[RequestT, ReplyT]):
+    """One request type: its body, its reply and the role it needs.
+
+    Declared once here (clients and the daemon share it); the daemon binds one handler to
+    each (`gpud.methods`), and `Client.call(method, body)` returns the reply model.
+    """
 
     name: str
-    request: type[Message]
-    reply: type[BaseModel]
+    request: type[RequestT]
+    reply: type[ReplyT]
     role: Role
     summary: str
 
 
-METHODS: dict[str, Method] = {
+NODE_INFO = Method("node.info", Empty, NodeInfo, Role.VIEWER, "who the daemon is")
+NODE_HW = Method("node.hw", Empty, NodeSnapshot, Role.VIEWER, "the latest hardware snapshot")
+NODE_EVENTS = Method(
+    "node.events", NodeEventsRequest, NodeEventsReply, Role.VIEWER, "recent hw events"
+)
+NODE_EVENTS_ACK = Method(
+    "node.events.ack",
+    AckEventsRequest,
+    AckEventsReply,
+    Role.OPERATOR,
+    "acknowledge XID events after they were handled",
+)
+RUN_LAUNCH = Method("run.launch", LaunchRequest, LaunchReply, Role.OPERATOR, "create, start a run")
+RUN_JOIN = Method("run.join", JoinRequest, JoinReply, Role.OPERATOR, "start this node's part")
+RUN_STOP = Method("run.stop", StopRequest, RunSummary, Role.OPERATOR, "stop a run")
+RUN_RESUME = Method("run.resume", ResumeRequest, RunSummary, Role.OPERATOR, "new attempt")
+RUN_LIST = Method("run.list", ListRequest, RunList, Role.VIEWER, "runs with a part here")
+RUN_STATUS = Method("run.status", RunRef, RunStatus, Role.VIEWER, "one run in detail")
+RUN_LOGS = Method("run.logs", LogsRequest, LogChunk, Role.VIEWER, "captured output of a part")
+RUN_METRICS = Method("run.metrics", MetricsRequest, MetricsReply, Role.VIEWER, "metric history")
+RUN_HEALTH = Method("run.health", RunRef, HealthSummary, Role.VIEWER, "latest health summary")
+PART_START = Method(
+    "run.part.start", PartStartRequest, AttemptRecord, Role.PEER, "coordinator: new attempt"
+)
+PART_HEALTH = Method(
+    "run.part.health", PartStatusRequest, PartHealth, Role.PEER, "coordinator: this part's ranks"
+)
+PART_STOP = Method("run.part.stop", PartStopRequest, AttemptRecord, Role.PEER, "coordinator")
+PART_STATUS = Method("run.part.status", PartStatusRequest, AttemptRecord, Role.PEER, "coordinator")
+
+METHODS: dict[str, Method[Any, Any]] = {
     m.name: m
     for m in (
-        Method("node.info", Empty, NodeInfo, Role.VIEWER, "who the daemon is"),
-        Method("node.hw", Empty, NodeSnapshot, Role.VIEWER, "the latest hardware snapshot"),
-        Method("node.events", NodeEventsRequest, NodeEventsReply, Role.VIEWER, "recent hw events"),
-        Method(
-            "node.events.ack",
-            AckEventsRequest,
-            AckEventsReply,
-            Role.OPERATOR,
-            "acknowledge XID events after they were handled",
-        ),
-        Method("run.launch", LaunchRequest, LaunchReply, Role.OPERATOR, "create and start a run"),
-        Method("run.join", JoinRequest, JoinReply, Role.OPERATOR, "start this node's part"),
-        Method("run.stop", StopRequest, RunSummary, Role.OPERATOR, "stop a run"),
-        Method("run.resume", ResumeRequest, RunSummary, Role.OPERATOR, "new attempt from ckpt"),
-        Method("run.list", ListRequest, RunList, Role.VIEWER, "runs with a part on this node"),
-        Method("run.status", RunRef, RunStatus, Role.VIEWER, "one run in detail"),
-        Method("run.logs", LogsRequest, LogChunk, Role.VIEWER, "captured output of a part"),
-        Method("run.metrics", MetricsRequest, MetricsReply, Role.VIEWER, "metric history"),
-        Method("run.health", RunRef, HealthSummary, Role.VIEWER, "the latest health summary"),
-        Method("run.part.start", PartStartRequest, AttemptRecord, Role.PEER, "coordinator"),
-        Method("run.part.health", PartStatusRequest, PartHealth, Role.PEER, "coordinator"),
-        Method("run.part.stop", PartStopRequest, AttemptRecord, Role.PEER, "coordinator"),
-        Method("run.part.status", PartStatusRequest, AttemptRecord, Role.PEER, "coordinator"),
+        NODE_INFO,
+        NODE_HW,
+        NODE_EVENTS,
+        NODE_EVENTS_ACK,
+        RUN_LAUNCH,
+        RUN_JOIN,
+        RUN_STOP,
+        RUN_RESUME,
+        RUN_LIST,
+        RUN_STATUS,
+        RUN_LOGS,
+        RUN_METRICS,
+        RUN_HEALTH,
+        PART_START,
+        PART_HEALTH,
+        PART_STOP,
+        PART_STATUS,
     )
 }
 
@@ -400,12 +432,25 @@ def describe_validation_error(exc: ValidationError, prefix: str = "") -> str:
     return f"{where or 'message'}: {first['msg']}{extra}"
 
 
-def decode_request(frame: bytes) -> tuple[Request, Method, Message]:
-    """Parse and validate one request frame, or raise ProtocolError."""
+def unexpected_error_line(exc: BaseException) -> str:
+    """One line for an exception a validator raised that is not a validation error
+    (a regex nested too deep, a number too large to convert): no traceback, no internals."""
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}{': ' + text if text else ''}"
+
+
+def decode_request(frame: bytes) -> tuple[Request, Method[Any, Any], Message]:
+    """Parse and validate one request frame, or raise ProtocolError.
+
+    Whatever the validation raises becomes an error reply with one line: a ValidationError
+    names the field; anything else (RecursionError, OverflowError, ...) names itself.
+    """
     try:
         req = Request.model_validate_json(frame)
     except ValidationError as exc:
         raise ProtocolError(ErrorCode.BAD_FRAME, describe_validation_error(exc)) from None
+    except Exception as exc:
+        raise ProtocolError(ErrorCode.BAD_FRAME, unexpected_error_line(exc)) from None
     if req.v != PROTOCOL_VERSION:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_VERSION,
@@ -421,12 +466,18 @@ def decode_request(frame: bytes) -> tuple[Request, Method, Message]:
         raise ProtocolError(
             ErrorCode.INVALID_BODY, describe_validation_error(exc, "body"), req.id
         ) from None
+    except Exception as exc:
+        raise ProtocolError(
+            ErrorCode.INVALID_BODY, f"body: {unexpected_error_line(exc)}", req.id
+        ) from None
     return req, method, body
 
 
-def encode_request(request_id: str, type_: str, body: Message) -> bytes:
+def encode_request(request_id: str, method: Method[Any, Any], body: Message) -> bytes:
     return (
-        Request(v=PROTOCOL_VERSION, id=request_id, type=type_, body=body.model_dump(mode="json"))
+        Request(
+            v=PROTOCOL_VERSION, id=request_id, type=method.name, body=body.model_dump(mode="json")
+        )
         .model_dump_json()
         .encode()
     )

@@ -1,4 +1,12 @@
-"""The events socket: every topic gets its own sequence number, so gaps are visible."""
+"""The events socket: every topic gets its own sequence number, so gaps are visible.
+
+An XPUB socket, so the daemon sees every subscription a viewer sends (with the connection
+it came on) and the guard can bound what subscribers make it hold: a subscription longer
+than MAX_FRAME is refused by the socket itself, and a connection with a subscription
+longer than MAX_SUBSCRIPTION_BYTES, or more subscriptions than its allowance, is cut
+(`gpud.guard`). Publishing never blocks: a
+subscriber over its high-water mark misses telemetry, the daemon does not grow.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +17,43 @@ from typing import Any
 import zmq
 from pydantic import BaseModel
 
+from gpud.drain import Frames, SocketDrain
+from gpud.guard import ConnectionGuard, Limits
 from gpud.protocol import encode_event
 
 log = logging.getLogger("gpud.events")
 
 #: Messages queued per subscriber before the oldest telemetry is dropped for it.
 SUBSCRIBER_HWM = 1000
+#: The longest topic prefix anyone needs: "run." + a 128-character run id + ".metrics".
+MAX_SUBSCRIPTION_BYTES = 256
+#: Largest frame the socket reads at all: room for the CURVE handshake (its INITIATE
+#: command carries the client's metadata), far below anything that costs memory.
+MAX_FRAME = 2048
+EVENTS_LIMITS = Limits(
+    in_flight_bytes=64 * 1024,
+    total_in_flight_bytes=4 * 2**20,
+    subscriptions=64,
+    subscription_bytes=4096,
+    total_subscription_bytes=1 * 2**20,
+    longest_subscription=MAX_SUBSCRIPTION_BYTES,
+)
 
 
 def configure_pub(sock: zmq.Socket[Any]) -> None:
     sock.setsockopt(zmq.SNDHWM, SUBSCRIBER_HWM)
-    sock.linger = 0
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
+    sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, duplicates included
+    sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # and every cancellation
+    sock.setsockopt(zmq.LINGER, 0)
 
 
 class EventPublisher:
-    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], guard: ConnectionGuard | None = None) -> None:
         self._sock = sock
+        self._guard = guard
         self._seq: defaultdict[str, int] = defaultdict(int)
+        self._drain = SocketDrain(sock, self._subscription, batch=512)
         self.published = 0
 
     def publish(self, topic: str, body: BaseModel) -> None:
@@ -36,3 +64,13 @@ class EventPublisher:
         except zmq.ZMQError as exc:
             log.debug("event on %s not sent: %s", topic, exc)
         self.published += 1
+        self._drain.poke()
+
+    async def serve(self) -> None:
+        """Read subscriptions as they come (libzmq queues them until they are read)."""
+        await self._drain.serve()
+
+    def _subscription(self, frames: Frames) -> None:
+        if self._guard is not None:
+            for frame in frames:
+                self._guard.subscription(frame)

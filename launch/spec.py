@@ -6,8 +6,9 @@ anything starts. `load_spec()` turns a file plus `--set` overrides into a `RunSp
 `SpecError` whose message names the file, the key path and what was expected.
 
 Paths in a spec are resolved by gpuctl against the config file's directory (`workdir`,
-`deepspeed.config`), so what travels to the daemons is self-contained: the DeepSpeed JSON
-is inlined, the workdir is absolute.
+`deepspeed.config`; `checkpoint.dir` against the workdir), so what travels to the daemons
+is self-contained: the DeepSpeed JSON is inlined, the paths are absolute. A daemon refuses
+a relative path (`require_absolute_paths`).
 """
 
 from __future__ import annotations
@@ -133,7 +134,10 @@ class TrainingHints(SpecModel):
 
 
 class CheckpointSettings(SpecModel):
-    dir: str | None = Field(None, description="default: <run-dir>/checkpoints")
+    dir: str | None = Field(
+        None,
+        description="default: <run-dir>/checkpoints; a relative path is taken from the workdir",
+    )
     keep_last: int = Field(3, ge=1, description="checkpoints to keep")
     every_steps: int | None = Field(None, ge=1, description="save every N steps (hint)")
 
@@ -171,6 +175,8 @@ class MetricPattern(SpecModel):
             compiled = re.compile(value)
         except re.error as exc:
             raise ValueError(f"not a valid regex: {exc}") from None
+        except (RecursionError, OverflowError, MemoryError):
+            raise ValueError("not a usable regex: it is nested or repeated too deeply") from None
         if not set(compiled.groupindex) - {"step"}:
             raise ValueError("needs a named group for a metric, e.g. (?P<loss>[0-9.]+)")
         return value
@@ -395,13 +401,24 @@ def parse_spec(data: Any, source: str = "spec") -> RunSpec:
         return RunSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(describe_spec_error(exc, source)) from None
+    except Exception as exc:  # a validator that failed in an unforeseen way: still one line
+        raise SpecError(f"{source}: cannot be validated ({type(exc).__name__})") from None
 
 
 def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
-    """Make `workdir` absolute and inline `deepspeed.config` (relative to the spec file)."""
+    """Make `workdir` and `checkpoint.dir` absolute and inline `deepspeed.config`.
+
+    `workdir` and `deepspeed.config` are relative to the spec file, `checkpoint.dir` to the
+    workdir (else the spec file's directory): daemons refuse relative paths, which they
+    could only resolve against their own working directory.
+    """
     workdir = data.get("workdir")
     if isinstance(workdir, str):
         data["workdir"] = str((base / workdir).resolve())
+    checkpoint = data.get("checkpoint")
+    if isinstance(checkpoint, dict) and isinstance(checkpoint.get("dir"), str):
+        root = Path(data["workdir"]) if isinstance(data.get("workdir"), str) else base
+        checkpoint["dir"] = str((root / checkpoint["dir"]).resolve())
     deepspeed = data.get("deepspeed")
     if isinstance(deepspeed, dict) and isinstance(deepspeed.get("config"), str):
         path = (base / deepspeed["config"]).resolve()
@@ -413,6 +430,16 @@ def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> dict[str, A
             raise SpecError(f"{source}: deepspeed.config: {path} must hold a JSON object")
         deepspeed["config"] = content
     return data
+
+
+def require_absolute_paths(spec: RunSpec, source: str = "spec") -> None:
+    """What a daemon checks: a relative path would resolve against its own working dir."""
+    for where, value in (("workdir", spec.workdir), ("checkpoint.dir", spec.checkpoint.dir)):
+        if value is not None and not Path(value).is_absolute():
+            raise SpecError(
+                f"{source}: {where}: {value!r} is relative; send an absolute path "
+                "(gpuctl resolves relative ones against the config file)"
+            )
 
 
 def load_spec(path: Path, overrides: list[str] | None = None) -> RunSpec:

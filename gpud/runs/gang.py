@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpud.client import ClientError
 from gpud.protocol import (
+    PART_HEALTH,
+    PART_START,
+    PART_STATUS,
+    PART_STOP,
     ErrorCode,
+    Method,
     PartHealth,
     PartStartRequest,
     PartStatusRequest,
@@ -83,12 +88,14 @@ def _link(sup: Supervisor, ref: NodeRef) -> PeerLink:
     return link
 
 
-async def _call_peers(sup: Supervisor, run: RunRecord, type_: str, body_for: Any) -> dict[int, Any]:
+async def _call_peers(
+    sup: Supervisor, run: RunRecord, method: Method[Any, Any], body_for: Any
+) -> dict[int, Any]:
     """Call every other node concurrently; each result is a reply or a ClientError."""
 
     async def one(rank: int, node: NodeRef) -> tuple[int, Any]:
         try:
-            return rank, await asyncio.to_thread(_link(sup, node).call, type_, body_for(rank))
+            return rank, await asyncio.to_thread(_link(sup, node).call, method, body_for(rank))
         except ClientError as exc:
             return rank, exc
 
@@ -101,10 +108,10 @@ async def _call_peers(sup: Supervisor, run: RunRecord, type_: str, body_for: Any
 async def _poll(sup: Supervisor, run: RunRecord, view: GangView, now: float) -> None:
     view.last_poll = now
     replies = await _call_peers(
-        sup, run, "run.part.status", lambda rank: PartStatusRequest(run_id=run.id)
+        sup, run, PART_STATUS, lambda rank: PartStatusRequest(run_id=run.id)
     )
     healths = await _call_peers(
-        sup, run, "run.part.health", lambda rank: PartStatusRequest(run_id=run.id)
+        sup, run, PART_HEALTH, lambda rank: PartStatusRequest(run_id=run.id)
     )
     sup.telemetry.peer_health[run.id] = {
         rank: reply for rank, reply in healths.items() if isinstance(reply, PartHealth)
@@ -219,7 +226,7 @@ async def stop_peers(sup: Supervisor, run: RunRecord, force: bool, reason: str) 
     replies = await _call_peers(
         sup,
         run,
-        "run.part.stop",
+        PART_STOP,
         lambda rank: PartStopRequest(run_id=run.id, force=force, reason=reason[:500]),
     )
     for rank, reply in replies.items():
@@ -278,7 +285,7 @@ async def start_attempt(
     replies = await _call_peers(
         sup,
         run,
-        "run.part.start",
+        PART_START,
         lambda rank: PartStartRequest(
             run_id=run.id,
             attempt=attempt,

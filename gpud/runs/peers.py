@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import threading
 
-from pydantic import BaseModel
-
 from gpud.client import Client, ClientError, NodeTarget
 from gpud.keys import KeyPair
-from gpud.protocol import Message
+from gpud.protocol import Method, ReplyT, RequestT
 from gpud.runmodel import NodeRef
 
 PEER_TIMEOUT_S = 3.0
@@ -27,7 +25,7 @@ class PeerLink:
         self._lock = threading.Lock()
         self._client: Client | None = None
 
-    def call(self, type_: str, body: Message) -> BaseModel:
+    def call(self, method: Method[RequestT, ReplyT], body: RequestT) -> ReplyT:
         """One request; raises ClientError. Thread-safe (one call at a time per peer)."""
         with self._lock:
             if self._client is None:
@@ -38,7 +36,7 @@ class PeerLink:
                 )
                 self._client = Client(target, keys=self._keys, timeout_s=PEER_TIMEOUT_S)
             try:
-                return self._client.call(type_, body)
+                return self._client.call(method, body)
             except ClientError:
                 # A fresh connection next time: the peer may have restarted.
                 self._client.close()

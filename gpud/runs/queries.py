@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpud.control import Caller
+from gpud.auth import Caller
 from gpud.protocol import (
     ErrorCode,
     ListRequest,

@@ -23,8 +23,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from gpud.auth import PeerKeys
-from gpud.control import Caller
+from gpud.auth import Caller, PeerKeys
 from gpud.ingest import Ingest
 from gpud.keys import KeyPair
 from gpud.protocol import (
@@ -73,7 +72,7 @@ from launch.backends import (
     resolve_hints,
     resolve_nproc,
 )
-from launch.spec import RunSpec, SpecError, parse_spec
+from launch.spec import RunSpec, SpecError, parse_spec, require_absolute_paths
 
 log = logging.getLogger("gpud.runs")
 
@@ -242,7 +241,7 @@ class Supervisor:
 
     def _caller_may_coordinate(self, run: RunRecord, caller: Caller) -> None:
         if caller.role is Role.PEER and (
-            run.coordinator is None or caller.name != run.coordinator.server_key
+            run.coordinator is None or caller.key != run.coordinator.server_key
         ):
             raise ProtocolError(
                 ErrorCode.FORBIDDEN, f"your key does not coordinate run {run.id} on this node"
@@ -250,9 +249,11 @@ class Supervisor:
 
     def _validated(self, data: dict[str, object]) -> RunSpec:
         try:
-            return parse_spec(data, "spec")
+            spec = parse_spec(data, "spec")
+            require_absolute_paths(spec)
         except SpecError as exc:
             raise ProtocolError(ErrorCode.INVALID_BODY, str(exc)) from None
+        return spec
 
     def _placement(
         self,
@@ -303,11 +304,7 @@ class Supervisor:
     ) -> RunRecord:
         now = self.clock()
         run_dir = self.state.runs / run_id
-        checkpoint_dir = spec.checkpoint.dir
-        if checkpoint_dir is None:
-            checkpoint_dir = str(run_dir / "checkpoints")
-        elif not os.path.isabs(checkpoint_dir):
-            checkpoint_dir = str(Path(spec.workdir or run_dir) / checkpoint_dir)
+        checkpoint_dir = spec.checkpoint.dir or str(run_dir / "checkpoints")
         return RunRecord(
             id=run_id,
             name=spec.name,

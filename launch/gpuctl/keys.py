@@ -173,7 +173,7 @@ def revoke_command(ctl: Ctl, key: str, state_dir: Path | None) -> None:
     if ctl.json:
         emit_json({"key": key, "revoked": removed})
     elif removed:
-        click.echo("revoked (open connections keep working until they reconnect)")
+        click.echo("revoked: its requests are refused within a second, open connections included")
     else:
         fail("that key was not authorized", EXIT_FAILED)
 

@@ -15,6 +15,9 @@ import click
 
 from gpud.client import Client, ClientError, NodeTarget
 from gpud.protocol import (
+    RUN_JOIN,
+    RUN_LAUNCH,
+    RUN_STOP,
     JoinReply,
     JoinRequest,
     LaunchReply,
@@ -68,7 +71,7 @@ def _start(
     refs = [_node_ref(t) for t in targets]
     body = spec.model_dump(mode="json")
     with Client(targets[0], timeout_s=ctl.timeout) as client:
-        reply = client.call("run.launch", LaunchRequest(spec=body, nodes=refs, dry_run=dry_run))
+        reply = client.call(RUN_LAUNCH, LaunchRequest(spec=body, nodes=refs, dry_run=dry_run))
     assert isinstance(reply, LaunchReply)
     joins: list[JoinReply] = []
     for rank, target in enumerate(targets[1:], start=1):
@@ -83,7 +86,7 @@ def _start(
         )
         try:
             with Client(target, timeout_s=ctl.timeout) as client:
-                joined = client.call("run.join", request)
+                joined = client.call(RUN_JOIN, request)
         except ClientError as exc:
             if not dry_run:
                 _abandon(ctl, targets[0], reply.run.id)
@@ -96,7 +99,7 @@ def _start(
 def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
     try:
         with Client(coordinator, timeout_s=ctl.timeout) as client:
-            client.call("run.stop", StopRequest(run=run_id, force=True))
+            client.call(RUN_STOP, StopRequest(run=run_id, force=True))
     except ClientError as exc:
         click.echo(f"gpuctl: warning: could not stop {run_id} on node 0: {exc}", err=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gpud.client import Client, ClientError
-from gpud.protocol import MetricsReply, MetricsRequest, RunRef
+from gpud.protocol import RUN_HEALTH, RUN_METRICS, MetricsReply, MetricsRequest, RunRef
 from gpud.runmodel import HealthSummary
 from launch.gpuctl.context import Ctl, exit_code_for, fail, json_option
 from launch.gpuctl.output import emit_json, table
@@ -26,7 +26,7 @@ def metrics_command(ctl: Ctl, run: str, name: str | None, attempt: int | None) -
     try:
         with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
             reply = client.call(
-                "run.metrics", MetricsRequest(run=found.id, name=name, attempt=attempt)
+                RUN_METRICS, MetricsRequest(run=found.id, name=name, attempt=attempt)
             )
     except ClientError as exc:
         fail(str(exc), exit_code_for(exc))
@@ -59,7 +59,7 @@ def health_command(ctl: Ctl, run: str) -> None:
     found = find_run(ctl, run)
     try:
         with Client(found.coordinator, timeout_s=ctl.timeout) as client:
-            health = client.call("run.health", RunRef(run=found.id))
+            health = client.call(RUN_HEALTH, RunRef(run=found.id))
     except ClientError as exc:
         fail(str(exc), exit_code_for(exc))
     assert isinstance(health, HealthSummary)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpud.client import Client, ClientError, NodeTarget, RequestFailed
-from gpud.protocol import RunRef, RunStatus
+from gpud.protocol import RUN_STATUS, RunRef, RunStatus
 from gpud.runmodel import NodeRef
 from launch.gpuctl.context import EXIT_FAILED, Ctl, exit_code_for, fail
 
@@ -34,7 +34,7 @@ class FoundRun:
 
 def find_run(ctl: Ctl, ref: str) -> FoundRun:
     """The run `ref` (id, or newest of that name) on the given nodes; exits when absent."""
-    results = ctl.on_each(ctl.targets(), lambda client: client.call("run.status", RunRef(run=ref)))
+    results = ctl.on_each(ctl.targets(), lambda client: client.call(RUN_STATUS, RunRef(run=ref)))
     found = [r.value for r in results if isinstance(r.value, RunStatus)]
     if not found:
         errors = [r.error for r in results if r.error is not None]
@@ -48,7 +48,7 @@ def find_run(ctl: Ctl, ref: str) -> FoundRun:
         coordinator = target_of(best.run.nodes[0])
         try:
             with Client(coordinator, timeout_s=ctl.timeout) as client:
-                status = client.call("run.status", RunRef(run=best.run.id))
+                status = client.call(RUN_STATUS, RunRef(run=best.run.id))
             if isinstance(status, RunStatus):
                 best = status
         except ClientError:
@@ -62,7 +62,7 @@ def refresh(ctl: Ctl, run: FoundRun) -> RunStatus:
     for target in run.nodes:
         try:
             with Client(target, timeout_s=ctl.timeout) as client:
-                status = client.call("run.status", RunRef(run=run.id))
+                status = client.call(RUN_STATUS, RunRef(run=run.id))
             if isinstance(status, RunStatus):
                 run.status = status
                 return status

@@ -9,6 +9,10 @@ import click
 
 from gpud.client import Client, ClientError
 from gpud.protocol import (
+    RUN_LIST,
+    RUN_LOGS,
+    RUN_RESUME,
+    RUN_STOP,
     ListRequest,
     LogChunk,
     LogsRequest,
@@ -52,7 +56,7 @@ def _shape(run: RunSummary) -> str:
 def ps_command(ctl: Ctl, active: bool) -> None:
     """Runs across the given nodes (newest first)."""
     results = ctl.on_each(
-        ctl.targets(), lambda client: client.call("run.list", ListRequest(active_only=active))
+        ctl.targets(), lambda client: client.call(RUN_LIST, ListRequest(active_only=active))
     )
     merged: dict[str, RunSummary] = {}
     for result in results:
@@ -185,14 +189,14 @@ def _ask_nodes(ctl: Ctl, found: FoundRun, request: StopRequest) -> list[ClientEr
     """Node 0 stops the gang; if it cannot be reached, ask every node for its part."""
     try:
         with Client(found.coordinator, timeout_s=ctl.timeout) as client:
-            client.call("run.stop", request)
+            client.call(RUN_STOP, request)
         return []
     except ClientError as exc:
         errors = [exc]
     for target in found.nodes[1:]:
         try:
             with Client(target, timeout_s=ctl.timeout) as client:
-                client.call("run.stop", request)
+                client.call(RUN_STOP, request)
         except ClientError as exc:
             errors.append(exc)
     return errors
@@ -215,7 +219,7 @@ def resume_command(ctl: Ctl, run: str, wait: bool) -> None:
     found = find_run(ctl, run)
     try:
         with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
-            summary = client.call("run.resume", ResumeRequest(run=found.id))
+            summary = client.call(RUN_RESUME, ResumeRequest(run=found.id))
     except ClientError as exc:
         fail(str(exc), exit_code_for(exc))
     assert isinstance(summary, RunSummary)
@@ -301,7 +305,7 @@ def _pick_nodes(found: FoundRun, node: str | None) -> list[int]:
 def _read(ctl: Ctl, found: FoundRun, node_rank: int, request: LogsRequest) -> LogChunk | None:
     try:
         with Client(found.nodes[node_rank], timeout_s=ctl.timeout) as client:
-            chunk = client.call("run.logs", request)
+            chunk = client.call(RUN_LOGS, request)
     except ClientError as exc:
         click.echo(f"gpuctl: error: node {node_rank}: {exc}", err=True)
         return None

@@ -11,10 +11,10 @@ import zmq
 
 from gpud.client import Client, NodeTarget, RequestFailed, Unreachable
 from gpud.keys import KeyPair
-from gpud.protocol import Empty, encode_request
+from gpud.protocol import NODE_INFO, Empty, encode_request
 from tests.support.daemons import RunningDaemon, gpuctl
 
-REQUEST = encode_request("raw-1", "node.info", Empty())
+REQUEST = encode_request("raw-1", NODE_INFO, Empty())
 
 
 def _raw_dealer(

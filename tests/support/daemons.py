@@ -84,6 +84,7 @@ def spawn_daemon(
     state_dir: Path | None = None,
     control_port: int | None = None,
     events_port: int | None = None,
+    cwd: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], Path, str, str, Path]:
     """Start `gpud serve` without waiting; returns (proc, log, control, events, state_dir)."""
     control_port = control_port or free_port()
@@ -110,7 +111,7 @@ def spawn_daemon(
     if simulate_gpus:
         args += ["--simulate-gpus", str(simulate_gpus)]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
     return (
         proc,
         log_path,

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from gpud.client import Client
-from gpud.protocol import RunRef, RunStatus
+from gpud.protocol import RUN_STATUS, RunRef, RunStatus
 from gpud.runs import procs
 from tests.support.daemons import RunningDaemon, gpuctl
 
@@ -39,7 +39,7 @@ def launch(
 
 def status(daemon: RunningDaemon, run_id: str) -> RunStatus:
     with Client(daemon.target(), timeout_s=5) as client:
-        reply = client.call("run.status", RunRef(run=run_id))
+        reply = client.call(RUN_STATUS, RunRef(run=run_id))
     assert isinstance(reply, RunStatus)
     return reply
 

@@ -37,7 +37,7 @@ from gpud.client import (
 )
 from gpud.endpoints import events_endpoint_for
 from gpud.keys import KeyFileError, KeyPair, load_client_keypair
-from gpud.protocol import Event, LogsRequest, MetricsReply, MetricsRequest
+from gpud.protocol import RUN_METRICS, Event, LogsRequest, MetricsReply, MetricsRequest
 from tui.model.decode import decode
 from tui.model.fleet import FleetModel, Want
 from tui.model.targets import Target
@@ -269,7 +269,7 @@ def fetch(model: FleetModel, client: Client, want: Want) -> None:
     try:
         if want.kind == "metrics":
             request = MetricsRequest(run=want.run_id, limit=HISTORY_LIMIT)
-            reply = client.call("run.metrics", request, 30.0)
+            reply = client.call(RUN_METRICS, request, 30.0)
             if isinstance(reply, MetricsReply):
                 model.apply_metrics_history(want.run_id, reply)
         elif want.kind == "logs":

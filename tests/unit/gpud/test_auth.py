@@ -9,10 +9,12 @@ import pytest
 import zmq
 
 from gpud.auth import (
+    RECHECK_S,
+    Authorizer,
+    Caller,
     KeyRing,
     authorize,
     authorized_keys_path,
-    parse_user_id,
     read_authorized_keys,
     revoke,
 )
@@ -78,16 +80,27 @@ def test_broken_file_fails_loudly_at_start(tmp_path: Path) -> None:
         KeyRing(authorized_keys_path(tmp_path))
 
 
-@pytest.mark.parametrize(
-    ("user_id", "expected"),
-    [
-        ("operator:alice@box", (Role.OPERATOR, "alice@box")),
-        ("viewer:bob", (Role.VIEWER, "bob")),
-        ("unknown:", None),
-        ("", None),
-        (None, None),
-        ("root", None),
-    ],
-)
-def test_user_ids_parse_into_roles(user_id: str | None, expected: tuple[Role, str] | None) -> None:
-    assert parse_user_id(user_id) == expected
+def test_authorizer_decides_each_request_against_the_current_file(tmp_path: Path) -> None:
+    now = [0.0]
+    ring = KeyRing(authorized_keys_path(tmp_path), clock=lambda: now[0])
+    authorizer = Authorizer(ring)
+    key = new_public_key()
+    authorize(tmp_path, key, Role.OPERATOR, "dave")
+    assert ring.lookup(key) is not None  # the handshake (always fresh)
+    assert authorizer.caller(key) == Caller(Role.OPERATOR, "dave", key)
+    authorize(tmp_path, key, Role.VIEWER, "dave")
+    now[0] += RECHECK_S  # a request after the recheck interval sees the downgrade
+    assert authorizer.caller(key) == Caller(Role.VIEWER, "dave", key)
+    revoke(tmp_path, key)
+    now[0] += RECHECK_S
+    assert authorizer.caller(key) is None
+    assert not authorizer.authorized(key)
+    assert authorizer.caller(None) is None and authorizer.caller("") is None
+
+
+def test_handshakes_see_a_new_key_at_once(tmp_path: Path) -> None:
+    ring = KeyRing(authorized_keys_path(tmp_path), clock=lambda: 0.0)  # time stands still
+    key = new_public_key()
+    assert ring.lookup(key) is None
+    authorize(tmp_path, key, Role.VIEWER, "erin")
+    assert ring.lookup(key) is not None  # fresh by default: what the ZAP handler uses

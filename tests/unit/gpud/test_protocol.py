@@ -8,6 +8,7 @@ import pytest
 
 from gpud.protocol import (
     METHODS,
+    NODE_EVENTS,
     PROTOCOL_VERSION,
     AckEventsRequest,
     Empty,
@@ -32,7 +33,7 @@ HOST = host_sample()
 
 
 def test_request_round_trip_gives_typed_body() -> None:
-    frame = encode_request("r1", "node.events", NodeEventsRequest(limit=7, since=1.5))
+    frame = encode_request("r1", NODE_EVENTS, NodeEventsRequest(limit=7, since=1.5))
     request, method, body = decode_request(frame)
     assert (request.v, request.id, request.type) == (PROTOCOL_VERSION, "r1", "node.events")
     assert method is METHODS["node.events"]

@@ -1,0 +1,315 @@
+"""What one client can make the daemon hold, and cutting off a client that holds too much.
+
+libzmq has two places where a peer can make the daemon keep memory that no option bounds:
+
+- a multipart message is buffered whole before the application sees any of it
+  (`ZMQ_MAXMSGSIZE` limits each frame, not the message): 400 parts of 2 MB are 800 MB;
+- every subscription of a SUB peer is stored in a trie of about one node per byte, and a
+  peer may send as many as it likes.
+
+The guard watches each TCP connection of a socket (by file descriptor, from the socket
+monitor) and compares how many bytes libzmq has read from it (`TCP_INFO` bytes received,
+minus what still waits in the kernel) with what the application was handed; it also counts
+each connection's subscriptions (XPUB hands every one over, with the connection's fd in
+its metadata). A connection over its allowance, or any connection while the total is over
+the socket's budget, is shut down: libzmq then drops what it buffered for it (a partial
+message is rolled back, a subscriber's trie nodes are removed), and the freed memory is
+handed back to the OS. A connection whose key was revoked is cut the same way, so a
+revoked viewer stops receiving events within one check.
+
+Non-TCP connections (ipc://, reachable only by the daemon's own user) are not measured.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import logging
+import socket
+import struct
+import termios
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+log = logging.getLogger("gpud.guard")
+
+#: How often the connections are measured.
+CHECK_S = 0.05
+#: What libzmq adds to each frame on the wire (ZMTP header, CURVE box and nonce), rounded
+#: up: the guard may under-count what is in flight by this, never over-count.
+FRAME_OVERHEAD = 64
+_TCP_INFO_SIZE = 256
+_BYTES_RECEIVED_AT = 128  # offset of tcpi_bytes_received in struct tcp_info (Linux >= 4.1)
+_MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One socket's allowances. In flight: read by libzmq, not yet handed to gpud."""
+
+    in_flight_bytes: int
+    total_in_flight_bytes: int
+    subscriptions: int = 0
+    subscription_bytes: int = 0
+    total_subscription_bytes: int = 0
+    longest_subscription: int = 0
+
+
+@dataclass
+class _Connection:
+    fd: int
+    accounted: int = 0  # bytes the application was handed (plus framing), or re-based
+    in_flight: int = 0
+    key: str | None = None
+    topics: dict[bytes, int] = field(default_factory=dict)  # topic → times subscribed
+    topic_bytes: int = 0
+
+    @property
+    def subscriptions(self) -> int:
+        return sum(self.topics.values())
+
+
+def _bytes_read_by_zmq(fd: int) -> int | None:
+    """Bytes the kernel received on a TCP socket minus those still unread; None if not TCP."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+        waiting = array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, waiting)
+    except OSError:
+        return None
+    finally:
+        sock.detach()  # the fd stays libzmq's
+    if len(info) < _BYTES_RECEIVED_AT + 8:
+        return None
+    (received,) = struct.unpack_from("Q", info, _BYTES_RECEIVED_AT)
+    return int(received) - waiting[0]
+
+
+def _shut_down(fd: int) -> str:
+    """End a TCP connection under libzmq's feet; returns the peer for the log."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return "?"
+    try:
+        try:
+            host, port = sock.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = "?"
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
+    return peer
+
+
+class _Libc:
+    """glibc's heap controls, when this is glibc: give freed memory back to the OS."""
+
+    def __init__(self) -> None:
+        self._libc: Any = None
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name) if name else None
+            if libc is not None and hasattr(libc, "malloc_trim"):
+                self._libc = libc
+        except OSError:
+            pass
+
+    def prefer_mmap_for_large_blocks(self, threshold: int = 256 * 1024) -> None:
+        """Blocks this large are mapped and unmapped on free, never kept in the heap
+        (a fixed threshold also stops glibc from raising it after a burst of big frames)."""
+        if self._libc is not None:
+            m_mmap_threshold = -3
+            self._libc.mallopt(m_mmap_threshold, threshold)
+
+    def trim(self) -> None:
+        if self._libc is not None:
+            self._libc.malloc_trim(0)
+
+
+LIBC = _Libc()
+
+
+class ConnectionGuard:
+    """Watches one socket's connections against its `Limits`."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket[Any],
+        context: zmq.Context[Any],
+        name: str,
+        limits: Limits,
+        authorized: Callable[[str], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.limits = limits
+        self._authorized = authorized
+        self._clock = clock
+        address = f"inproc://gpud-guard-{name}-{id(self)}"
+        sock.monitor(address, _MONITOR_EVENTS)
+        # inproc addresses live in one context: read the monitor through a plain shadow of
+        # the socket's own context (it may be an asyncio one).
+        self._monitor: zmq.Socket[bytes] = zmq.Context.shadow(context.underlying).socket(zmq.PAIR)
+        self._monitor.setsockopt(zmq.LINGER, 0)
+        # libzmq sends monitor events blocking: a full pipe would stall the context's I/O
+        # thread (every socket of the daemon). Unbounded here; `check()` empties it.
+        self._monitor.setsockopt(zmq.RCVHWM, 0)
+        self._monitor.connect(address)
+        self._sock = sock
+        self.connections: dict[int, _Connection] = {}
+        self.cut = 0
+        self._trim_at: float | None = None
+
+    # ------------------------------------------------------------------ what arrives
+
+    def _conn(self, fd: int) -> _Connection:
+        conn = self.connections.get(fd)
+        if conn is None:
+            # A new connection's ACCEPTED event was posted before its first message: read
+            # it now, or it would later replace what this message is about to record.
+            self._read_monitor()
+            conn = self.connections.setdefault(fd, _Connection(fd))
+        return conn
+
+    def received(self, frames: list[zmq.Frame]) -> None:
+        """The application was handed these frames (one message)."""
+        if not frames:
+            return
+        fd = _source_fd(frames[-1])
+        if fd is None:
+            return
+        conn = self._conn(fd)
+        conn.accounted += sum(len(f) + FRAME_OVERHEAD for f in frames)
+        if conn.key is None:
+            conn.key = _user_id(frames[-1])
+
+    def subscription(self, frame: zmq.Frame) -> None:
+        """An XPUB notification: `\\x01topic` subscribed, `\\x00topic` cancelled."""
+        fd = _source_fd(frame)
+        if fd is None:
+            return
+        conn = self._conn(fd)
+        data = frame.bytes
+        conn.accounted += len(data) + FRAME_OVERHEAD
+        if conn.key is None:
+            conn.key = _user_id(frame)
+        if not data:
+            return
+        topic = data[1:]
+        if data[0] == 1:
+            conn.topics[topic] = conn.topics.get(topic, 0) + 1
+            conn.topic_bytes += len(topic)
+        elif data[0] == 0 and topic in conn.topics:
+            conn.topics[topic] -= 1
+            conn.topic_bytes -= len(topic)
+            if not conn.topics[topic]:
+                del conn.topics[topic]
+        limits = self.limits
+        if len(topic) > limits.longest_subscription:
+            self._cut(conn, f"a subscription of {len(topic)} bytes (topics are short)")
+        elif (
+            conn.subscriptions > limits.subscriptions
+            or conn.topic_bytes > limits.subscription_bytes
+        ):
+            self._cut(
+                conn,
+                f"{conn.subscriptions} subscriptions ({conn.topic_bytes} bytes) over the "
+                f"allowance of {limits.subscriptions} ({limits.subscription_bytes} bytes)",
+            )
+
+    # ------------------------------------------------------------------ checking
+
+    async def watch(self) -> None:
+        import asyncio
+
+        while True:
+            self.check()
+            await asyncio.sleep(CHECK_S)
+
+    def check(self) -> None:
+        self._read_monitor()
+        limits = self.limits
+        for conn in list(self.connections.values()):
+            read = _bytes_read_by_zmq(conn.fd)
+            if read is None:
+                continue
+            conn.in_flight = read - conn.accounted
+            if conn.in_flight < 0:  # framing over-counted: re-base, never drift
+                conn.accounted, conn.in_flight = read, 0
+            if conn.in_flight > limits.in_flight_bytes:
+                self._cut(conn, f"{conn.in_flight / 2**20:.1f} MiB in flight in one message")
+            elif conn.key is not None and self._authorized and not self._authorized(conn.key):
+                self._cut(conn, "its key is no longer authorized")
+        self._hold_totals()
+        if self._trim_at is not None and self._clock() >= self._trim_at:
+            self._trim_at = None
+            LIBC.trim()
+
+    def _hold_totals(self) -> None:
+        limits = self.limits
+        live = list(self.connections.values())
+        while sum(c.in_flight for c in live) > limits.total_in_flight_bytes:
+            worst = max(live, key=lambda c: c.in_flight)
+            self._cut(worst, f"the {self.name} socket holds too much in flight across clients")
+            live.remove(worst)
+        if limits.total_subscription_bytes:
+            while sum(c.topic_bytes for c in live) > limits.total_subscription_bytes:
+                worst = max(live, key=lambda c: c.topic_bytes)
+                self._cut(worst, "subscriptions across clients are over the socket's budget")
+                live.remove(worst)
+
+    def _read_monitor(self) -> None:
+        while self._monitor.poll(0):
+            frames = self._monitor.recv_multipart()
+            if len(frames[0]) < 6:
+                continue
+            event, value = struct.unpack("=HI", frames[0][:6])
+            if event == zmq.EVENT_ACCEPTED:
+                self.connections[value] = _Connection(value)
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self.connections.pop(value, None)
+
+    def _cut(self, conn: _Connection, why: str) -> None:
+        peer = _shut_down(conn.fd)
+        self.connections.pop(conn.fd, None)
+        self.cut += 1
+        who = f" (key {conn.key[:8]}…)" if conn.key else ""
+        log.warning("%s socket: cut the connection from %s%s: %s", self.name, peer, who, why)
+        self._trim_at = self._clock() + 0.2  # once libzmq has freed what it held
+
+    def close(self) -> None:
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(linger=0)
+
+
+def _user_id(frame: zmq.Frame) -> str | None:
+    try:
+        value = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _source_fd(frame: zmq.Frame) -> int | None:
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except zmq.ZMQError:
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None

@@ -1,0 +1,77 @@
+"""Clients that misbehave on purpose: raw CURVE sockets with a chosen key, and RSS checks.
+
+Misbehaving clients are real zmq sockets speaking to a real daemon; nothing of gpud is
+used on their side beyond the keys, so they can do what no gpud client would.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import zmq
+
+from gpud.auth import authorize
+from gpud.keys import KeyPair
+from gpud.protocol import Role
+from tests.support.daemons import RunningDaemon
+
+MB = 2**20
+#: How far the daemon's RSS may stay above its baseline once a case is over.
+RSS_SLACK = 20 * MB
+
+
+def new_keys() -> KeyPair:
+    public, secret = zmq.curve_keypair()
+    return KeyPair(public=public, secret=secret)
+
+
+def authorized_keys(daemon: RunningDaemon, role: Role, name: str) -> KeyPair:
+    keys = new_keys()
+    authorize(daemon.state_dir, keys.public_text, role, name)
+    return keys
+
+
+def curve_socket(
+    ctx: zmq.Context[zmq.Socket[bytes]], kind: int, daemon: RunningDaemon, keys: KeyPair
+) -> zmq.Socket[bytes]:
+    """A socket of `kind` with `keys`, connected to the daemon's control or events socket."""
+    server_key = daemon.target().server_key
+    assert server_key is not None and keys.secret is not None
+    sock = ctx.socket(kind)
+    sock.linger = 0
+    sock.sndhwm = 0  # the adversary never blocks itself
+    sock.curve_serverkey = server_key
+    sock.curve_publickey = keys.public
+    sock.curve_secretkey = keys.secret
+    control = kind in (zmq.DEALER, zmq.REQ)
+    sock.connect(f"tcp://{daemon.address}" if control else daemon.events)
+    return sock
+
+
+def rss(daemon: RunningDaemon) -> int:
+    return int(psutil.Process(daemon.proc.pid).memory_info().rss)
+
+
+def settle_rss(daemon: RunningDaemon, baseline: int, timeout_s: float = 15.0) -> int:
+    """Wait for the daemon's RSS to come back within RSS_SLACK of `baseline`; returns it."""
+    deadline = time.monotonic() + timeout_s
+    now = rss(daemon)
+    while now > baseline + RSS_SLACK and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = rss(daemon)
+    assert now <= baseline + RSS_SLACK, (
+        f"daemon RSS stayed {(now - baseline) / MB:.1f} MB above its baseline "
+        f"({baseline / MB:.1f} MB)"
+    )
+    return now
+
+
+def log_lines_with(daemon: RunningDaemon, text: str) -> list[str]:
+    return [line for line in daemon.log().splitlines() if text in line]
+
+
+def audit_records(state_dir: Path) -> list[str]:
+    path = state_dir / "audit.log"
+    return path.read_text().splitlines() if path.exists() else []
