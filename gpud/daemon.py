@@ -35,7 +35,7 @@ from gpud.auth import (
     authorize,
     authorized_keys_path,
 )
-from gpud.control import CONTROL_LIMITS, ControlServer, Registry, bind, configure_router
+from gpud.control import CONTROL_LIMITS, Binding, ControlServer, Registry, bind, configure_router
 from gpud.endpoints import endpoint_host, events_endpoint_for
 from gpud.guard import LIBC, ConnectionGuard
 from gpud.hardware.events import detect_events
@@ -313,29 +313,31 @@ class Daemon:
 
     def registry(self) -> Registry:
         """Every method of the protocol with its handler (incomplete: IncompleteRegistry)."""
+        return Registry(self.bindings())
+
+    def bindings(self) -> list[Binding[Any, Any]]:
+        """The handler this daemon serves each method with (after `start()`)."""
         sup = self._supervisor
         assert sup is not None
-        return Registry(
-            [
-                bind(NODE_INFO, self._node_info),
-                bind(NODE_HW, self._node_hw),
-                bind(NODE_EVENTS, self._node_events),
-                bind(NODE_EVENTS_ACK, self._ack_events),
-                bind(RUN_LAUNCH, sup.launch),
-                bind(RUN_JOIN, sup.join),
-                bind(RUN_STOP, sup.stop),
-                bind(RUN_RESUME, sup.resume),
-                bind(RUN_LIST, lambda body, caller: queries.list_runs(sup, body)),
-                bind(RUN_STATUS, lambda body, caller: queries.status(sup, body)),
-                bind(RUN_LOGS, lambda body, caller: queries.logs(sup, body)),
-                bind(RUN_METRICS, lambda body, caller: queries.metrics(sup, body)),
-                bind(RUN_HEALTH, lambda body, caller: queries.health(sup, body)),
-                bind(PART_START, sup.part_start),
-                bind(PART_STOP, sup.part_stop),
-                bind(PART_STATUS, sup.part_status),
-                bind(PART_HEALTH, lambda body, caller: queries.part_health(sup, body, caller)),
-            ]
-        )
+        return [
+            bind(NODE_INFO, self._node_info),
+            bind(NODE_HW, self._node_hw),
+            bind(NODE_EVENTS, self._node_events),
+            bind(NODE_EVENTS_ACK, self._ack_events),
+            bind(RUN_LAUNCH, sup.launch),
+            bind(RUN_JOIN, sup.join),
+            bind(RUN_STOP, sup.stop),
+            bind(RUN_RESUME, sup.resume),
+            bind(RUN_LIST, lambda body, caller: queries.list_runs(sup, body)),
+            bind(RUN_STATUS, lambda body, caller: queries.status(sup, body)),
+            bind(RUN_LOGS, lambda body, caller: queries.logs(sup, body)),
+            bind(RUN_METRICS, lambda body, caller: queries.metrics(sup, body)),
+            bind(RUN_HEALTH, lambda body, caller: queries.health(sup, body)),
+            bind(PART_START, sup.part_start),
+            bind(PART_STOP, sup.part_stop),
+            bind(PART_STATUS, sup.part_status),
+            bind(PART_HEALTH, lambda body, caller: queries.part_health(sup, body, caller)),
+        ]
 
     def _node_info(self, body: Empty, caller: Caller) -> NodeInfo:
         assert self._sampler is not None
