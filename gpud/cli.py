@@ -2,14 +2,14 @@
 
 Exit codes of `gpud serve`: 0 stopped cleanly, 1 failed, 2 bad settings, 3 an address or
 the state dir is already in use.
+Exit codes of `gpud stop`: 0 stopped, 1 no daemon holds the state dir, it did not stop
+in time, or (`--runs`) its runs could not be stopped, which leaves it running.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from gpud import __version__
+from gpud import __version__, shutdown
 from gpud.daemon import EXIT_FAILURE, EXIT_USAGE, serve
 from gpud.frontend import run_click, state_dir_option
 from gpud.settings import SERVE_CONFIG_ENV, SettingsError, build_settings, load_config_file
@@ -30,6 +30,10 @@ LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 def _fail(message: str, code: int) -> None:
     click.echo(f"gpud: error: {message}", err=True)
     sys.exit(code)
+
+
+def _warn(message: str) -> None:
+    click.echo(f"gpud: warning: {message}", err=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,8 +93,26 @@ def serve_command(ctx: click.Context, /, config_file: Path | None, **flags: Any)
 @cli.command("stop")
 @state_dir_option
 @click.option("--timeout", default=15.0, show_default=True, help="Seconds to wait for it.")
-def stop_command(state_dir: Path | None, timeout: float) -> None:
-    """Stop the daemon that holds a state dir (SIGTERM, then wait)."""
+@click.option(
+    "--runs",
+    "stop_runs",
+    is_flag=True,
+    help="Stop every run first (as `gpuctl stop` does) and wait until they have ended.",
+)
+@click.option(
+    "--runs-timeout",
+    default=shutdown.RUNS_TIMEOUT_S,
+    show_default=True,
+    help="Seconds --runs waits for them (more for specs with a long stop_grace_s).",
+)
+def stop_command(
+    state_dir: Path | None, timeout: float, stop_runs: bool, runs_timeout: float
+) -> None:
+    """Stop the daemon that holds a state dir (SIGTERM, then wait).
+
+    Its runs keep going under their shims, and the next gpud on the state dir adopts them
+    again; it says how many. With --runs it stops them first.
+    """
     from gpud.paths import default_state_dir
 
     state = StateDir(state_dir or default_state_dir())
@@ -98,14 +120,10 @@ def stop_command(state_dir: Path | None, timeout: float) -> None:
     if pid is None:
         _fail(f"no gpud is running with state dir {state.root}", EXIT_FAILURE)
         return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if held_by(state.pid_file) is None:
-            click.echo(f"stopped gpud pid {pid}")
-            return
-        time.sleep(0.1)
-    _fail(f"gpud pid {pid} did not stop within {timeout:g}s", EXIT_FAILURE)
+    try:
+        shutdown.stop(state, pid, timeout, click.echo, _warn, stop_runs, runs_timeout)
+    except shutdown.StopFailed as exc:
+        _fail(str(exc), EXIT_FAILURE)
 
 
 @cli.command("probe")

@@ -162,13 +162,16 @@ def run_demo(
         click.echo(f"  or, plain text:  gpuctl --node {address} status {run_id}")
         click.echo(f"  its logs:        gpuctl --node {address} logs {run_id} -f")
         click.echo(f"  stop / resume:   gpuctl --node {address} stop|resume {run_id}")
-        click.echo(f"  the daemon:      {state_dir}/gpud.log; stop it with `gpud stop`")
+        click.echo(f"  the daemon:      {state_dir}/gpud.log")
+        click.echo(f"  stop everything: gpud stop --state-dir {state_dir} --runs")
+        click.echo("                   (without --runs, runs keep going under their shims)")
         return
     click.echo("Opening gputop: ? for help, s/r stop and resume the run, q quits.")
     sys.stdout.flush()
     # gputop in its own process (gpud never imports Textual), in this terminal.
     code = subprocess.run(gputop, check=False).returncode
     click.echo(f"The daemon and {run_id} keep going: `gputop --node {address}` to look again,")
-    click.echo("`gpuctl ps` for a list, `gpud stop` to stop the daemon.")
+    click.echo("`gpuctl ps` for a list, `gpud stop --runs` to stop the runs and the daemon")
+    click.echo("(a plain `gpud stop` leaves the runs going; the next gpud adopts them again).")
     if code not in (0, None):
         sys.exit(code)
