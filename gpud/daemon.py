@@ -82,7 +82,6 @@ from gpud.protocol import (
 )
 from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 from gpud.runmodel import TrainerMessage
-from gpud.runs import queries
 from gpud.runs.simload import SimulatedLoads
 from gpud.runs.supervisor import Supervisor
 from gpud.settings import ServeSettings
@@ -257,7 +256,7 @@ class Daemon:
         sup = self._supervisor
         if sup is None:
             return []
-        return [p.record.shim_pid for p in list(sup.parts.values()) if not p.record.state.terminal]
+        return [p.record.shim_pid for _, p in sup.book.parts() if not p.record.state.terminal]
 
     def _snapshot(self) -> NodeSnapshot:
         assert self._latest is not None
@@ -319,6 +318,7 @@ class Daemon:
         """The handler this daemon serves each method with (after `start()`)."""
         sup = self._supervisor
         assert sup is not None
+        queries = sup.queries
         return [
             bind(NODE_INFO, self._node_info),
             bind(NODE_HW, self._node_hw),
@@ -328,15 +328,15 @@ class Daemon:
             bind(RUN_JOIN, sup.join),
             bind(RUN_STOP, sup.stop),
             bind(RUN_RESUME, sup.resume),
-            bind(RUN_LIST, lambda body, caller: queries.list_runs(sup, body)),
-            bind(RUN_STATUS, lambda body, caller: queries.status(sup, body)),
-            bind(RUN_LOGS, lambda body, caller: queries.logs(sup, body)),
-            bind(RUN_METRICS, lambda body, caller: queries.metrics(sup, body)),
-            bind(RUN_HEALTH, lambda body, caller: queries.health(sup, body)),
+            bind(RUN_LIST, lambda body, caller: queries.list_runs(body)),
+            bind(RUN_STATUS, lambda body, caller: queries.status(body)),
+            bind(RUN_LOGS, lambda body, caller: queries.logs(body)),
+            bind(RUN_METRICS, lambda body, caller: queries.metrics(body)),
+            bind(RUN_HEALTH, lambda body, caller: queries.health(body)),
             bind(PART_START, sup.part_start),
             bind(PART_STOP, sup.part_stop),
             bind(PART_STATUS, sup.part_status),
-            bind(PART_HEALTH, lambda body, caller: queries.part_health(sup, body, caller)),
+            bind(PART_HEALTH, queries.part_health),
         ]
 
     def _node_info(self, body: Empty, caller: Caller) -> NodeInfo:
@@ -446,8 +446,7 @@ class Daemon:
             self._ingest.close()
             self._ingest = None
         if self._supervisor is not None:
-            for link in self._supervisor.peers.values():
-                link.close()
+            self._supervisor.gang.close()
             self._supervisor = None
         for guard in self._guards:
             guard.close()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
 from gpud.runmodel import (
     AttemptRecord,
@@ -31,6 +31,7 @@ from gpud.runmodel import (
     RankView,
     RunEvent,
     RunState,
+    completed_steps,
 )
 from gpud.snapshot import Backend, NodeEvent, NodeSnapshot, Reading
 
@@ -205,6 +206,9 @@ class PartStopRequest(Message):
     run_id: str = Field(pattern=RUN_ID_PATTERN)
     force: bool = False
     reason: str = Field("stopped by the coordinator", max_length=500)
+    failed: bool = Field(
+        False, description="another part failed or was lost: the part ends `failed`, fast"
+    )
 
 
 class PartStatusRequest(Message):
@@ -262,11 +266,20 @@ class RunSummary(Reading):
     nodes: list[NodeRef]
     nproc: int | None = Field(None, description="processes on this node (current attempt)")
     launcher: str
-    last_step: int | None = None
-    max_steps: int | None = None
+    last_step: int | None = Field(
+        None, description="0-based index of the last completed step (the trainer's loop index)"
+    )
+    max_steps: int | None = Field(None, description="training.max_steps: the total to reach")
     last_values: dict[str, float] = Field(default_factory=dict)
     last_checkpoint: CheckpointRef | None = None
     next_restart_at: float | None = None
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="steps done: last_step + 1; every view shows steps_done/max_steps"
+    )
+    @property
+    def steps_done(self) -> int | None:
+        return completed_steps(self.last_step)
 
 
 class PartPlan(Reading):

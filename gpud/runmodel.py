@@ -8,14 +8,16 @@ trainers are validated strictly, since they arrive on a socket.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from gpud.snapshot import Reading
 
 
 class RunState(str, Enum):
+    """The state of a run, and of one node's part of it (`lost`: parts only)."""
+
     PENDING = "pending"
     STARTING = "starting"
     RUNNING = "running"
@@ -23,32 +25,57 @@ class RunState(str, Enum):
     STOPPED = "stopped"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    LOST = "lost"
 
     @property
     def terminal(self) -> bool:
         return self in TERMINAL
 
+    @property
+    def active(self) -> bool:
+        return self in ACTIVE
 
-TERMINAL = frozenset({RunState.STOPPED, RunState.SUCCEEDED, RunState.FAILED})
 
-#: Which state may follow which. A restart goes failed → pending on a new attempt.
-TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+_ENDINGS = frozenset({RunState.STOPPED, RunState.SUCCEEDED, RunState.FAILED, RunState.LOST})
+
+#: Which state may follow which within one attempt. The one table: `terminal` and
+#: `active` are derived from it, and every move of a run goes through `RunBook.move`,
+#: which enforces it. `lost` is a part's state: its node stopped answering for longer
+#: than the spec's `lost_after_s`; a run with a lost part ends `failed`.
+WITHIN: dict[RunState, frozenset[RunState]] = {
     RunState.PENDING: frozenset(
         {RunState.STARTING, RunState.STOPPING, RunState.STOPPED, RunState.FAILED}
     ),
-    RunState.STARTING: frozenset(
-        {RunState.RUNNING, RunState.STOPPING, RunState.SUCCEEDED, RunState.FAILED}
-    ),
-    RunState.RUNNING: frozenset({RunState.STOPPING, RunState.SUCCEEDED, RunState.FAILED}),
-    RunState.STOPPING: frozenset({RunState.STOPPED, RunState.FAILED, RunState.SUCCEEDED}),
-    RunState.STOPPED: frozenset({RunState.PENDING}),
-    RunState.FAILED: frozenset({RunState.PENDING}),
+    RunState.STARTING: frozenset({RunState.RUNNING, RunState.STOPPING, *_ENDINGS}),
+    RunState.RUNNING: frozenset({RunState.STOPPING, *_ENDINGS}),
+    RunState.STOPPING: _ENDINGS,
+    RunState.STOPPED: frozenset(),
     RunState.SUCCEEDED: frozenset(),
+    RunState.FAILED: frozenset(),
+    RunState.LOST: frozenset(),
+}
+
+#: States with no way on within their attempt.
+TERMINAL = frozenset(state for state, after in WITHIN.items() if not after)
+ACTIVE = frozenset(WITHIN) - TERMINAL
+
+#: Moves that open the next attempt: a resume (stopped or failed → starting), and an
+#: automatic restart (the failed attempt ends in `pending` until its backoff is over).
+NEXT_ATTEMPT: dict[RunState, frozenset[RunState]] = {
+    RunState.STARTING: frozenset({RunState.PENDING}),
+    RunState.RUNNING: frozenset({RunState.PENDING}),
+    RunState.STOPPING: frozenset({RunState.PENDING}),
+    RunState.STOPPED: frozenset({RunState.PENDING, RunState.STARTING}),
+    RunState.FAILED: frozenset({RunState.PENDING, RunState.STARTING}),
+    RunState.PENDING: frozenset({RunState.STARTING}),
 }
 
 
-def can_move(old: RunState, new: RunState) -> bool:
-    return new == old or new in TRANSITIONS[old]
+def can_move(old: RunState, new: RunState, next_attempt: bool = False) -> bool:
+    """Whether a run in `old` may go to `new` (opening the next attempt, or not)."""
+    if new == old or new in WITHIN[old]:
+        return True
+    return next_attempt and new in NEXT_ATTEMPT.get(old, frozenset())
 
 
 class NodeRef(Reading):
@@ -101,7 +128,28 @@ class AttemptRecord(Reading):
     library: bool = Field(False, description="its trainers use the trainers library")
     finished: bool = Field(False, description="the trainers reported training finished")
     stop_requested: bool = False
+    stop_failed: str | None = Field(
+        None, description="stopped because another part failed or was lost: why"
+    )
     log_offset: int = 0
+
+
+class AttemptChanges(TypedDict, total=False):
+    """What may change in an `AttemptRecord` after it is created (see `Part.update`)."""
+
+    state: RunState
+    state_since: float
+    reason: str | None
+    started_at: float | None
+    ended_at: float | None
+    shim_pid: int | None
+    shim_started: float | None
+    exit: ExitInfo | None
+    library: bool
+    finished: bool
+    stop_requested: bool
+    stop_failed: str | None
+    log_offset: int
 
 
 class RunRecord(Reading):
@@ -131,6 +179,17 @@ class RunRecord(Reading):
         return self.node_rank == 0
 
 
+class RunChanges(TypedDict, total=False):
+    """What may change in a `RunRecord` besides its state (see `RunBook.update`)."""
+
+    attempt: int
+    restarts: int
+    last_checkpoint: CheckpointRef | None
+    last_step: int | None
+    stop_requested: bool
+    next_restart_at: float | None
+
+
 class RunEvent(Reading):
     """Something that happened to a run: state changes, NCCL lines, stops, restarts."""
 
@@ -150,6 +209,27 @@ class MetricPoint(Reading):
     step: int
     time: float
     values: dict[str, float]
+
+
+# --------------------------------------------------------------------------- steps
+
+#: What every view calls "step", and its one definition: `step` on the wire (metrics,
+#: heartbeats, checkpoints, a spec's metrics regex) is the trainer's 0-based loop index
+#: of the step it just finished; views show the steps done, that index + 1, as done/total
+#: against `training.max_steps`. A finished run of N steps shows N/N everywhere.
+STEP_DEFINITION = "steps done: the 0-based index of the last completed step + 1"
+
+
+def completed_steps(last_index: int | None) -> int | None:
+    """Steps done, from the 0-based index of the last completed step (None: none yet)."""
+    return None if last_index is None else last_index + 1
+
+
+def steps_text(done: int | None, total: int | None, missing: str = "-") -> str:
+    """How every view writes progress: `done/total`, `done` without a total."""
+    if done is None:
+        return missing
+    return f"{done}/{total}" if total else str(done)
 
 
 # --------------------------------------------------------------------------- from trainers
@@ -175,7 +255,7 @@ class HelloMessage(TrainerMessage):
 
 
 class MetricsMessage(TrainerMessage):
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, description="0-based index of the step these values are from")
     values: dict[str, float]
 
 
@@ -202,7 +282,9 @@ class HeartbeatMessage(TrainerMessage):
     rank: int = Field(ge=0)
     local_rank: int = Field(ge=0)
     world_size: int = Field(ge=1)
-    step: int | None = Field(None, ge=0, description="last step the rank finished")
+    step: int | None = Field(
+        None, ge=0, description="0-based index of the last step the rank finished"
+    )
     step_time_s: float | None = Field(None, ge=0, description="recent time per step")
     collective_s: float | None = Field(
         None, ge=0, description="time per step spent waiting in measured collectives"
@@ -251,7 +333,9 @@ class RankView(Reading):
     local_rank: int
     host: str | None = None
     pid: int | None = None
-    last_step: int | None = None
+    last_step: int | None = Field(
+        None, description="0-based index of the last step the rank finished (its heartbeat's)"
+    )
     step_time_s: float | None = None
     collective_s: float | None = None
     compute_s: float | None = Field(
@@ -265,6 +349,11 @@ class RankView(Reading):
     gpu_index: int | None = None
     straggler: bool = False
     stalled: bool = False
+
+    @computed_field(description=STEP_DEFINITION)  # type: ignore[prop-decorator]
+    @property
+    def steps_done(self) -> int | None:
+        return completed_steps(self.last_step)
 
 
 class Straggler(Reading):

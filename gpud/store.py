@@ -10,7 +10,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from gpud.runmodel import TERMINAL, AttemptRecord, MetricPoint, RunEvent, RunRecord
+from gpud.runmodel import ACTIVE, AttemptRecord, MetricPoint, RunEvent, RunRecord
 from gpud.snapshot import NodeEvent
 
 #: Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
@@ -125,11 +125,11 @@ class Store:
     def runs(self, active_only: bool = False, limit: int = 1000) -> list[RunRecord]:
         """Newest first."""
         if active_only:
-            done = tuple(s.value for s in TERMINAL)
+            active = tuple(s.value for s in ACTIVE)
             rows = self._db.execute(
-                "SELECT body FROM runs WHERE state NOT IN (?, ?, ?) ORDER BY created_at DESC"
-                " LIMIT ?",
-                (*done, limit),
+                f"SELECT body FROM runs WHERE state IN ({_marks(active)})"
+                " ORDER BY created_at DESC LIMIT ?",
+                (*active, limit),
             ).fetchall()
         else:
             rows = self._db.execute(
@@ -150,9 +150,9 @@ class Store:
         return [AttemptRecord.model_validate_json(body) for (body,) in rows]
 
     def active_attempts(self) -> list[AttemptRecord]:
-        done = tuple(s.value for s in TERMINAL)
+        active = tuple(s.value for s in ACTIVE)
         rows = self._db.execute(
-            "SELECT body FROM attempts WHERE state NOT IN (?, ?, ?)", done
+            f"SELECT body FROM attempts WHERE state IN ({_marks(active)})", active
         ).fetchall()
         return [AttemptRecord.model_validate_json(body) for (body,) in rows]
 
@@ -242,3 +242,8 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _marks(values: tuple[str, ...]) -> str:
+    """`?, ?, …`: one placeholder per value (never the values themselves)."""
+    return ", ".join("?" for _ in values)

@@ -244,6 +244,13 @@ class RunSpec(SpecModel):
     stop_grace_s: float = Field(
         30.0, ge=0, le=3600, description="how long a stop waits for the checkpoint handshake"
     )
+    lost_after_s: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="a node that does not answer for this long is lost: its part of the run"
+        " ends as `lost` and the run fails (or restarts once every node answers again)",
+    )
     metrics: list[MetricPattern] = Field(
         default_factory=list, description="log-line regexes for trainers without the library"
     )

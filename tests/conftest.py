@@ -18,6 +18,8 @@ def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GPUD_CONFIG_DIR", str(path))
     monkeypatch.delenv("GPUD_NODES", raising=False)
     monkeypatch.delenv("GPUD_STATE_DIR", raising=False)
+    # Daemons started by tests refuse illegal run state moves (production logs them).
+    monkeypatch.setenv("GPUD_STRICT_LIFECYCLE", "1")
     return path
 
 
@@ -36,6 +38,8 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., RunningDaemon]]:
         if daemon.proc.poll() is None:
             code = daemon.stop()
             assert code == 0, f"gpud exited {code} on SIGTERM:\n{daemon.log()}"
+    for daemon in started:
+        assert "illegal run state transition" not in daemon.log(), daemon.log()
 
 
 @pytest.fixture

@@ -1,9 +1,14 @@
 """The gang, as node 0 runs it: one state for the whole run, whatever node it comes from.
 
-Node 0 polls the other nodes' parts, folds every part's state into the run's state, stops
-the other parts when one fails, and starts new attempts — for `resume` and for automatic
-restarts after a failure, by the same path. Functions here take the supervisor; they hold
-no state of their own beyond the `GangView` of each run.
+Node 0 polls the other nodes' parts (in the background: a silent node never holds up the
+tick), asks `decide()` what the parts add up to, and carries the decision out: it marks
+silent parts `lost`, stops the other parts when one failed or was lost, and starts new
+attempts — for `resume` and for automatic restarts, by the same path. A restart after a
+lost node waits until every node answers again, and first stops what is left of the old
+attempt anywhere. Parts of ended runs whose node was lost are stopped when it comes back.
+
+The gang reads and writes runs only through the `RunBook`, and starts and stops this
+node's part through the narrow `LocalParts` interface the supervisor provides.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ import asyncio
 import glob
 import logging
 import os
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gpud.client import ClientError
+from gpud.client import ClientError, Unreachable
+from gpud.keys import KeyPair
 from gpud.protocol import (
     PART_HEALTH,
     PART_START,
@@ -33,17 +40,52 @@ from gpud.protocol import (
     RunMetricsEvent,
 )
 from gpud.runmodel import AttemptRecord, MetricPoint, NodeRef, RunRecord, RunState
+from gpud.runs.book import RunBook
+from gpud.runs.decide import GangDecision, RestartPolicy, decide
 from gpud.runs.peers import PeerLink
 from gpud.runs.ports import NoFreePort, pick_port
-from launch.spec import parse_spec
+from launch.spec import RunSpec, parse_spec
 
 if TYPE_CHECKING:
     from gpud.runs.part import Part
-    from gpud.runs.supervisor import Supervisor
 
 log = logging.getLogger("gpud.runs")
 
 POLL_S = 0.5
+#: How often node 0 looks for the parts of ended runs on nodes that were lost.
+ORPHAN_POLL_S = 2.0
+#: How long node 0 keeps looking for them.
+ORPHAN_WATCH_S = 3600.0
+#: After SIGTERM, how long the ranks of a part stopped because the gang failed get
+#: before SIGKILL: they are most likely stuck in a collective with the dead ranks.
+FAILED_KILL_GRACE_S = 2.0
+
+
+class LocalParts(Protocol):
+    """What the gang needs from the supervisor: this node's part, started and stopped."""
+
+    def start_part(
+        self,
+        run: RunRecord,
+        spec: RunSpec,
+        attempt: int,
+        master_addr: str,
+        master_port: int,
+        resume_from: str | None,
+    ) -> Part: ...
+
+    def stop_part(
+        self,
+        run: RunRecord,
+        *,
+        force: bool,
+        reason: str,
+        grace_s: float | None = None,
+        failed: str | None = None,
+    ) -> None: ...
+
+
+HealthSink = Callable[[str, dict[int, PartHealth]], None]
 
 
 @dataclass
@@ -51,9 +93,10 @@ class GangView:
     """The other nodes' parts of the current attempt, as node 0 last saw them."""
 
     nodes: list[NodeRef]
+    since: float
     parts: dict[int, PartView] = field(default_factory=dict)
     last_poll: float = 0.0
-    propagated: bool = False
+    cause: str | None = None  # the failure propagated to every part
 
     def __post_init__(self) -> None:
         self.parts = {
@@ -63,177 +106,330 @@ class GangView:
         }
 
 
-def gang_state(states: list[RunState | None], user_stop: bool) -> RunState:
-    """One state for the run from its parts' states (None: not heard from yet)."""
-    known = [s or RunState.PENDING for s in states]
-    everyone_done = all(s.terminal for s in known)
-    if user_stop:
-        return RunState.STOPPED if everyone_done else RunState.STOPPING
-    if RunState.FAILED in known:
-        return RunState.FAILED
-    if everyone_done:
-        if all(s is RunState.SUCCEEDED for s in known):
-            return RunState.SUCCEEDED
-        return RunState.STOPPED
-    for state in (RunState.STOPPING, RunState.RUNNING, RunState.STARTING):
-        if state in known:
-            return state
-    return RunState.PENDING
+class Gang:
+    def __init__(
+        self, book: RunBook, local: LocalParts, keys: KeyPair | None, health: HealthSink
+    ) -> None:
+        self.book = book
+        self.local = local
+        self.keys = keys
+        self.health = health
+        self.views: dict[str, GangView] = {}
+        self._links: dict[str, PeerLink] = {}
+        self._busy: dict[str, asyncio.Task[None]] = {}  # run id → its poll or restart
+        self._orphans: dict[str, tuple[float, set[int]]] = {}  # run → (ended at, lost ranks)
+        self._orphan_poll = 0.0
+        self._errands: set[asyncio.Task[list[int]]] = set()
 
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
 
-def _link(sup: Supervisor, ref: NodeRef) -> PeerLink:
-    link = sup.peers.get(ref.control)
-    if link is None:
-        link = sup.peers[ref.control] = PeerLink(ref, sup.keys)
-    return link
+    # ------------------------------------------------------------------ calls
 
+    def _link(self, ref: NodeRef) -> PeerLink:
+        link = self._links.get(ref.control)
+        if link is None:
+            link = self._links[ref.control] = PeerLink(ref, self.keys)
+        return link
 
-async def _call_peers(
-    sup: Supervisor, run: RunRecord, method: Method[Any, Any], body_for: Any
-) -> dict[int, Any]:
-    """Call every other node concurrently; each result is a reply or a ClientError."""
+    async def _call(
+        self, run: RunRecord, ranks: list[int], method: Method[Any, Any], body: Callable[[int], Any]
+    ) -> dict[int, Any]:
+        """Call those nodes concurrently; each result is a reply or a ClientError."""
 
-    async def one(rank: int, node: NodeRef) -> tuple[int, Any]:
-        try:
-            return rank, await asyncio.to_thread(_link(sup, node).call, method, body_for(rank))
-        except ClientError as exc:
-            return rank, exc
+        async def one(rank: int) -> tuple[int, Any]:
+            try:
+                link = self._link(run.nodes[rank])
+                return rank, await asyncio.to_thread(link.call, method, body(rank))
+            except ClientError as exc:
+                return rank, exc
 
-    pairs = await asyncio.gather(
-        *(one(rank, node) for rank, node in enumerate(run.nodes) if rank > 0)
-    )
-    return dict(pairs)
+        return dict(await asyncio.gather(*(one(rank) for rank in ranks)))
 
+    def _others(self, run: RunRecord) -> list[int]:
+        return list(range(1, len(run.nodes)))
 
-async def _poll(sup: Supervisor, run: RunRecord, view: GangView, now: float) -> None:
-    view.last_poll = now
-    replies = await _call_peers(
-        sup, run, PART_STATUS, lambda rank: PartStatusRequest(run_id=run.id)
-    )
-    healths = await _call_peers(
-        sup, run, PART_HEALTH, lambda rank: PartStatusRequest(run_id=run.id)
-    )
-    sup.telemetry.peer_health[run.id] = {
-        rank: reply for rank, reply in healths.items() if isinstance(reply, PartHealth)
-    }
-    for rank, reply in replies.items():
-        old = view.parts[rank]
-        if isinstance(reply, ClientError):
-            view.parts[rank] = old.model_copy(update={"error": str(reply)})
-        elif isinstance(reply, AttemptRecord) and reply.attempt == run.attempt:
-            view.parts[rank] = old.model_copy(
-                update={"state": reply.state, "reason": reply.reason, "seen_at": now, "error": None}
-            )
+    def _background(self, run_id: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._busy[run_id] = task
+        task.add_done_callback(lambda t: _report(run_id, t))
 
+    def _idle(self, run_id: str) -> bool:
+        task = self._busy.get(run_id)
+        return task is None or task.done()
 
-def _own(sup: Supervisor, run: RunRecord) -> Part | None:
-    part = sup.parts.get(run.id)
-    return part if part is not None and part.record.attempt == run.attempt else None
+    # ------------------------------------------------------------------ views
 
-
-def part_views(sup: Supervisor, run: RunRecord, view: GangView | None) -> list[PartView]:
-    own = _own(sup, run)
-    mine = PartView(
-        node_rank=run.node_rank,
-        node=run.nodes[run.node_rank],
-        state=own.record.state if own else None,
-        reason=own.record.reason if own else None,
-        seen_at=sup.clock(),
-    )
-    others = list(view.parts.values()) if view is not None and run.is_coordinator else []
-    return [mine, *others]
-
-
-async def tick(sup: Supervisor, now: float) -> None:
-    for run in list(sup.runs.values()):
-        if not run.is_coordinator:
-            continue
-        if run.state is RunState.PENDING and run.next_restart_at is not None:
-            if now >= run.next_restart_at:
-                try:
-                    await start_attempt(sup, run, why="automatic restart", automatic=True)
-                except ProtocolError as exc:
-                    log.error("run %s: restart failed: %s", run.id, exc.message)
-            continue
-        if run.state.terminal:
-            continue
-        view = sup.views.get(run.id)
+    def view(self, run: RunRecord) -> GangView:
+        view = self.views.get(run.id)
         if view is None:
-            view = sup.views[run.id] = GangView(run.nodes)
-        if len(run.nodes) > 1 and now - view.last_poll >= POLL_S:
-            await _poll(sup, run, view, now)
-        await _decide(sup, sup.runs[run.id], view)
+            view = self.views[run.id] = GangView(run.nodes, since=self.book.clock())
+        return view
 
+    def part_views(self, run: RunRecord) -> list[PartView]:
+        own = self.book.current_part(run)
+        mine = PartView(
+            node_rank=run.node_rank,
+            node=run.nodes[run.node_rank],
+            state=own.record.state if own else None,
+            reason=own.record.reason if own else None,
+            seen_at=self.book.clock(),
+        )
+        view = self.views.get(run.id)
+        others = list(view.parts.values()) if view is not None and run.is_coordinator else []
+        return [mine, *others]
 
-async def _decide(sup: Supervisor, run: RunRecord, view: GangView) -> None:
-    own = _own(sup, run)
-    states: dict[int, RunState | None] = {0: own.record.state if own else None}
-    states.update({rank: part.state for rank, part in view.parts.items()})
-    new = gang_state(list(states.values()), run.stop_requested)
-    failed = [rank for rank, state in states.items() if state is RunState.FAILED]
-    reason = run.reason
-    if new is RunState.FAILED:
-        rank = failed[0]
-        why = own.record.reason if rank == 0 and own else view.parts[rank].reason
-        where = sup.node if rank == 0 else (run.nodes[rank].name or run.nodes[rank].control)
-        reason = f"node {rank} ({where}) failed: {why}"
-        if not view.propagated:
-            view.propagated = True
-            if len(run.nodes) > 1:
-                sup.event(run, "propagate", f"{reason}; stopping the other parts", "warning")
+    async def _poll(self, run: RunRecord, view: GangView) -> None:
+        ranks = [r for r in self._others(run) if view.parts[r].state is not RunState.LOST]
+        request = PartStatusRequest(run_id=run.id)
+        replies = await self._call(run, ranks, PART_STATUS, _each(request))
+        healths = await self._call(run, ranks, PART_HEALTH, _each(request))
+        self.health(run.id, {r: h for r, h in healths.items() if isinstance(h, PartHealth)})
+        now = self.book.clock()
+        for rank, reply in replies.items():
+            old = view.parts[rank]
+            if old.state is RunState.LOST:
+                continue  # decided while this poll was under way
+            if isinstance(reply, Unreachable):
+                view.parts[rank] = old.model_copy(update={"error": str(reply)})
+            elif isinstance(reply, AttemptRecord) and reply.attempt == run.attempt:
+                view.parts[rank] = old.model_copy(
+                    update={"state": reply.state, "reason": reply.reason, "seen_at": now,
+                            "error": None}
+                )  # fmt: skip
+            else:  # it answered: about an older attempt, or with an error reply
+                error = str(reply) if isinstance(reply, ClientError) else None
+                view.parts[rank] = old.model_copy(update={"seen_at": now, "error": error})
+
+    # ------------------------------------------------------------------ the tick
+
+    async def tick(self, now: float) -> None:
+        for run in self.book.runs():
+            if not run.is_coordinator:
+                continue
+            if run.state is RunState.PENDING and run.next_restart_at is not None:
+                if now >= run.next_restart_at and self._idle(run.id):
+                    self._background(run.id, self._restart_when_ready(run.id))
+                continue
+            if run.state.terminal:
+                continue
+            view = self.view(run)
+            if len(run.nodes) > 1 and now - view.last_poll >= POLL_S and self._idle(run.id):
+                view.last_poll = now
+                self._background(run.id, self._poll(run, view))
+            await self._carry_out(run, view, now)
+        if self._orphans and now - self._orphan_poll >= ORPHAN_POLL_S:
+            self._orphan_poll = now
+            await self._stop_orphans(now)
+
+    async def _carry_out(self, run: RunRecord, view: GangView, now: float) -> None:
+        own = self.book.current_part(run)
+        parts = {0: self.part_views(run)[0], **view.parts}
+        spec = parse_spec(run.spec)
+        exit_info = own.record.exit if own is not None else None
+        teardown = exit_info is not None and exit_info.teardown_abort
+        decision = decide(
+            run,
+            parts,
+            now=now,
+            since=view.since,
+            lost_after_s=spec.lost_after_s,
+            restart=RestartPolicy(
+                spec.restart.max_attempts, spec.restart.backoff_s, spec.restart.backoff_max_s
+            ),
+            cause=view.cause,
+            teardown_abort=teardown,
+        )
+        for rank in decision.lost:
+            self._mark_lost(run, view, rank, f"no answer for {spec.lost_after_s:g}s")
+        if decision.propagate is not None and view.cause is None:
+            view.cause = decision.propagate
+            self._propagate(run, decision.propagate)
+        self._settle(run, decision)
+
+    def _mark_lost(self, run: RunRecord, view: GangView, rank: int, why: str) -> None:
+        part = view.parts[rank]
+        view.parts[rank] = part.model_copy(update={"state": RunState.LOST, "reason": why})
+        where = part.node.name or part.node.control
+        self.book.event(run, "lost", f"node {rank} ({where}) lost: {why}", "critical", rank=rank)
+
+    def _settle(self, run: RunRecord, decision: GangDecision) -> None:
+        run = self.book.get(run.id) or run
+        if decision.state is RunState.PENDING and decision.restart_at is not None:
+            self.book.move(
+                run.id,
+                RunState.PENDING,
+                decision.reason,
+                next_attempt=True,
+                next_restart_at=decision.restart_at,
+            )
+        elif decision.state is not RunState.PENDING:  # nothing heard yet: no news
+            self.book.move(run.id, decision.state, decision.reason)
+        ended = self.book.get(run.id)
+        view = self.views.get(run.id)
+        if ended is not None and ended.state.terminal and view is not None:
+            lost = {r for r, p in view.parts.items() if p.state is RunState.LOST}
+            if lost:
+                self._orphans[run.id] = (self.book.clock(), lost)
+
+    def _propagate(self, run: RunRecord, reason: str) -> None:
+        """One part failed or was lost: stop every other part, as failed, at once.
+
+        The other nodes are asked in the background: a silent one must not hold up the
+        tick (it is lost after `lost_after_s` all the same).
+        """
+        if len(run.nodes) > 1:
+            self.book.event(run, "propagate", f"{reason}; stopping the other parts", "warning")
+        own = self.book.current_part(run)
+        if own is not None and not own.record.state.terminal:
             # The others are most likely stuck in a collective with the dead ranks: no
             # handshake, straight to SIGTERM.
-            if own is not None and not own.record.state.terminal:
-                sup._stop_own_part(run, force=False, reason=reason, grace_s=0.0)
-                run = sup.runs[run.id]
-            await stop_peers(sup, run, force=False, reason=reason)
-        everyone_done = all(s is not None and s.terminal for s in states.values())
-        if everyone_done:
-            await _maybe_restart(sup, run, own, reason)
-            return
-        # Not over until every part has ended (and a restart may follow): stopping.
-        new, reason = RunState.STOPPING, f"{reason}; stopping the other parts"
-    elif new is RunState.RUNNING:
-        reason = f"attempt {run.attempt}"
-    elif new is RunState.SUCCEEDED:
-        reason = "every part finished"
-    elif new is RunState.STOPPED:
-        reason = run.reason if run.state is RunState.STOPPING else "stopped"
-    sup._set_run_state(run, new, reason)
-
-
-async def _maybe_restart(
-    sup: Supervisor, run: RunRecord, own: Part | None, reason: str | None
-) -> None:
-    spec = parse_spec(run.spec)
-    teardown = own is not None and own.record.exit is not None and own.record.exit.teardown_abort
-    if run.restarts < spec.restart.max_attempts and not teardown and not run.stop_requested:
-        delay = min(spec.restart.backoff_s * 2**run.restarts, spec.restart.backoff_max_s)
-        run = sup._save_run(run.model_copy(update={"next_restart_at": sup.clock() + delay}))
-        sup._set_run_state(
-            run,
-            RunState.PENDING,
-            f"{reason}; restarting in {delay:g}s "
-            f"(restart {run.restarts + 1} of {spec.restart.max_attempts})",
-        )
-        return
-    sup._set_run_state(run, RunState.FAILED, reason)
-
-
-async def stop_peers(sup: Supervisor, run: RunRecord, force: bool, reason: str) -> None:
-    if len(run.nodes) < 2:
-        return
-    replies = await _call_peers(
-        sup,
-        run,
-        PART_STOP,
-        lambda rank: PartStopRequest(run_id=run.id, force=force, reason=reason[:500]),
-    )
-    for rank, reply in replies.items():
-        if isinstance(reply, ClientError):
-            sup.event(
-                run, "stop", f"could not reach node {rank} to stop its part: {reply}", "warning"
+            self.local.stop_part(run, force=False, reason=reason, grace_s=0.0, failed=reason)
+        if len(run.nodes) > 1:
+            task = asyncio.get_running_loop().create_task(
+                self.stop_peers(run, force=False, reason=reason, failed=True)
             )
+            self._errands.add(task)
+            task.add_done_callback(self._errands.discard)
+
+    # ------------------------------------------------------------------ stopping
+
+    async def stop_peers(
+        self, run: RunRecord, force: bool, reason: str, failed: bool = False
+    ) -> list[int]:
+        """Ask the other nodes to stop their parts; returns the ranks that did not answer."""
+        if len(run.nodes) < 2:
+            return []
+        request = PartStopRequest(run_id=run.id, force=force, reason=reason[:500], failed=failed)
+        replies = await self._call(run, self._others(run), PART_STOP, _each(request))
+        silent = []
+        for rank, reply in replies.items():
+            if isinstance(reply, ClientError):
+                self.book.event(
+                    run, "stop", f"could not reach node {rank} to stop its part: {reply}", "warning"
+                )
+            if isinstance(reply, Unreachable):
+                silent.append(rank)
+        return silent
+
+    def lose(self, run: RunRecord, ranks: list[int], why: str) -> None:
+        """Mark parts lost now (a forced stop does not wait for silent nodes)."""
+        view = self.view(run)
+        for rank in ranks:
+            state = view.parts[rank].state
+            if state is None or not state.terminal:
+                self._mark_lost(run, view, rank, why)
+
+    async def _stop_orphans(self, now: float) -> None:
+        for run_id, (ended, ranks) in list(self._orphans.items()):
+            run = self.book.known(run_id)
+            if run is None or now - ended > ORPHAN_WATCH_S or not ranks:
+                self._orphans.pop(run_id, None)
+                continue
+            status = PartStatusRequest(run_id=run.id)
+            stop = PartStopRequest(
+                run_id=run.id, force=True, reason=f"run {run.id} ended", failed=True
+            )
+            replies = await self._call(run, sorted(ranks), PART_STATUS, _each(status))
+            for rank, reply in replies.items():
+                if isinstance(reply, Unreachable):
+                    continue
+                ranks.discard(rank)
+                if isinstance(reply, AttemptRecord) and not reply.state.terminal:
+                    self.book.event(run, "orphan", f"node {rank} is back; stopping its part")
+                    await self._call(run, [rank], PART_STOP, _each(stop))
+
+    # ------------------------------------------------------------------ new attempts
+
+    async def _restart_when_ready(self, run_id: str) -> None:
+        """An automatic restart, once every node answers and the old attempt is over."""
+        run = self.book.get(run_id)
+        if run is None or run.state is not RunState.PENDING or run.next_restart_at is None:
+            return
+        waiting = await self._old_attempt_left(run)
+        if waiting:
+            self.book.move(run.id, RunState.PENDING, f"restart waits: {waiting}")
+            return
+        try:
+            await self.start_attempt(run, why="automatic restart", automatic=True)
+        except ProtocolError as exc:
+            log.error("run %s: restart failed: %s", run.id, exc.message)
+
+    async def _old_attempt_left(self, run: RunRecord) -> str | None:
+        """Why a new attempt cannot start yet (a silent node, a part still running)."""
+        request = PartStatusRequest(run_id=run.id)
+        replies = await self._call(run, self._others(run), PART_STATUS, _each(request))
+        silent = [r for r, reply in replies.items() if isinstance(reply, Unreachable)]
+        if silent:
+            return "node(s) " + ", ".join(map(str, silent)) + " do not answer"
+        running = [
+            r
+            for r, reply in replies.items()
+            if isinstance(reply, AttemptRecord) and not reply.state.terminal
+        ]
+        if running:
+            stop = PartStopRequest(run_id=run.id, force=True, reason="restart", failed=True)
+            await self._call(run, running, PART_STOP, _each(stop))
+            return "stopping what is left of the last attempt on node(s) " + ", ".join(
+                map(str, running)
+            )
+        return None
+
+    async def start_attempt(self, run: RunRecord, why: str, automatic: bool = False) -> RunRecord:
+        """A new attempt of the whole run, from the latest checkpoint: resume and restart."""
+        spec = parse_spec(run.spec)
+        attempt = run.attempt + 1
+        resume_from = find_checkpoint(run)
+        own = self.book.part(run.id)
+        master_addr = own.record.master_addr if own else "127.0.0.1"
+        try:
+            port = pick_port(self.book.store.leased_ports())
+        except NoFreePort as exc:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
+        self.book.store.lease_port(port, run.id, attempt, self.book.clock())
+        run = self.book.update(
+            run.id,
+            attempt=attempt,
+            stop_requested=False,
+            next_restart_at=None,
+            restarts=run.restarts + (1 if automatic else 0),
+        )
+        self.views[run.id] = GangView(run.nodes, since=self.book.clock())
+        self._orphans.pop(run.id, None)
+        start = "from " + resume_from if resume_from else "from scratch (no checkpoint found)"
+        self.book.event(run, "attempt", f"attempt {attempt}: {why}, {start}")
+        self.local.start_part(run, spec, attempt, master_addr, port, resume_from)
+        run = self.book.move(
+            run.id, RunState.STARTING, f"attempt {attempt}: {why}", next_attempt=True
+        )
+        request = PartStartRequest(
+            run_id=run.id,
+            attempt=attempt,
+            master_addr=master_addr,
+            master_port=port,
+            resume_from=resume_from,
+        )
+        replies = await self._call(run, self._others(run), PART_START, _each(request))
+        failed = {rank: reply for rank, reply in replies.items() if isinstance(reply, Exception)}
+        if failed:
+            rank, error = next(iter(failed.items()))
+            message = f"node {rank} could not start attempt {attempt}: {error}"
+            run = self.book.update(run.id, stop_requested=True)
+            self.local.stop_part(run, force=True, reason=message, grace_s=0.0)
+            await self.stop_peers(run, force=True, reason=message)
+            raise ProtocolError(ErrorCode.UNAVAILABLE, message)
+        return self.book.get(run.id) or run
+
+
+def _each(body: Any) -> Callable[[int], Any]:
+    """The same request body for every node."""
+    return lambda rank: body
+
+
+def _report(run_id: str, task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("run %s: gang work failed", run_id, exc_info=task.exception())
 
 
 def find_checkpoint(run: RunRecord) -> str | None:
@@ -251,58 +447,6 @@ def find_checkpoint(run: RunRecord) -> str | None:
         if candidates:
             return max(candidates, key=os.path.getmtime)
     return None
-
-
-async def start_attempt(
-    sup: Supervisor, run: RunRecord, why: str, automatic: bool = False
-) -> RunRecord:
-    """A new attempt of the whole run, from the latest checkpoint: resume and restart."""
-    spec = parse_spec(run.spec)
-    attempt = run.attempt + 1
-    resume_from = find_checkpoint(run)
-    own = sup.parts.get(run.id)
-    master_addr = own.record.master_addr if own else "127.0.0.1"
-    try:
-        port = pick_port(sup.store.leased_ports())
-    except NoFreePort as exc:
-        raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
-    sup.store.lease_port(port, run.id, attempt, sup.clock())
-    run = sup._save_run(
-        run.model_copy(
-            update={
-                "attempt": attempt,
-                "stop_requested": False,
-                "next_restart_at": None,
-                "restarts": run.restarts + (1 if automatic else 0),
-            }
-        )
-    )
-    sup.views[run.id] = GangView(run.nodes)
-    start = "from " + resume_from if resume_from else "from scratch (no checkpoint found)"
-    sup.event(run, "attempt", f"attempt {attempt}: {why}, {start}")
-    sup._start_part(run, spec, attempt, master_addr, port, resume_from)
-    run = sup._set_run_state(run, RunState.STARTING, f"attempt {attempt}: {why}")
-    replies = await _call_peers(
-        sup,
-        run,
-        PART_START,
-        lambda rank: PartStartRequest(
-            run_id=run.id,
-            attempt=attempt,
-            master_addr=master_addr,
-            master_port=port,
-            resume_from=resume_from,
-        ),
-    )
-    failed = {rank: reply for rank, reply in replies.items() if isinstance(reply, Exception)}
-    if failed:
-        rank, error = next(iter(failed.items()))
-        message = f"node {rank} could not start attempt {attempt}: {error}"
-        run = sup._save_run(run.model_copy(update={"stop_requested": True}))
-        sup._stop_own_part(run, force=True, reason=message, grace_s=0.0)
-        await stop_peers(sup, run, force=True, reason=message)
-        raise ProtocolError(ErrorCode.UNAVAILABLE, message)
-    return sup.runs[run.id]
 
 
 def metrics_event(run_id: str, points: list[MetricPoint]) -> RunMetricsEvent:

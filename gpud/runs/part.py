@@ -18,7 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpud.runmodel import AttemptRecord, ExitInfo, RunState
+import psutil
+from typing_extensions import Unpack
+
+from gpud.runmodel import AttemptChanges, AttemptRecord, ExitInfo, RunState
 from gpud.runs import procs, shim
 from gpud.runs.logparse import root_cause
 
@@ -64,8 +67,18 @@ class Part:
     def exit_path(self) -> Path:
         return self.dir / "exit.json"
 
-    def update(self, **changes: object) -> None:
-        self.record = self.record.model_copy(update=changes)
+    @property
+    def run_dir(self) -> str:
+        """The run's dir under this daemon's state dir: what tells its processes apart."""
+        return str(self.dir.parent)
+
+    def update(self, **changes: Unpack[AttemptChanges]) -> None:
+        self.record = self.record.model_copy(update=dict(changes))
+
+    def _tagged(self) -> list[psutil.Process]:
+        """This part's processes by their environment: this node's, never another's."""
+        r = self.record
+        return procs.tagged(r.run_id, r.attempt, node_rank=r.node_rank, run_dir=self.run_dir)
 
     # ------------------------------------------------------------------ start
 
@@ -131,15 +144,18 @@ class Part:
 
     # ------------------------------------------------------------------ stopping
 
-    def request_stop(self, grace_s: float, force: bool) -> None:
+    def request_stop(self, grace_s: float, force: bool, kill_grace_s: float | None = None) -> None:
         now = self._clock()
         if force:
             self._stop_at = now
             self._kill_at = now
-        elif self._stop_at is None:
+        else:
             # No library in the trainers: nobody listens for the handshake, signal at once.
-            self._stop_at = now + (grace_s if self.record.library else 0.0)
-            self._kill_at = self._stop_at + KILL_GRACE_S
+            stop_at = now + (grace_s if self.record.library else 0.0)
+            kill_at = stop_at + (KILL_GRACE_S if kill_grace_s is None else kill_grace_s)
+            # A second request can only bring the signals forward.
+            self._stop_at = stop_at if self._stop_at is None else min(self._stop_at, stop_at)
+            self._kill_at = kill_at if self._kill_at is None else min(self._kill_at, kill_at)
         self.update(stop_requested=True, state=RunState.STOPPING, state_since=now)
 
     def escalate(self) -> str | None:
@@ -171,9 +187,11 @@ class Part:
         if self.shim_alive():
             return None
         # The shim is gone without a record: kill -9 of the shim, or a reboot.
-        leftovers = procs.tagged(self.record.run_id, self.record.attempt)
+        leftovers = self._tagged()
         procs.send(leftovers, signal.SIGKILL)
         info = ExitInfo(leftovers_killed=[p.pid for p in leftovers])
+        if self.record.stop_failed:
+            return Outcome(RunState.FAILED, self.record.stop_failed, info)
         if self.record.stop_requested:
             return Outcome(RunState.STOPPED, "stopped (the shim was gone)", info)
         return Outcome(RunState.FAILED, "the shim process died; its part was killed", info)
@@ -200,6 +218,8 @@ class Part:
         if self.record.stop_requested:
             if ok and finished:
                 return Outcome(RunState.SUCCEEDED, "finished before the stop took effect", info)
+            if self.record.stop_failed:
+                return Outcome(RunState.FAILED, self.record.stop_failed, info)
             return Outcome(RunState.STOPPED, "stopped on request", info)
         if ok:
             return Outcome(RunState.SUCCEEDED, "exit 0", info)
@@ -249,7 +269,7 @@ class Part:
 
     def leftovers(self) -> list[int]:
         """Processes of this attempt still alive after it ended (should be none)."""
-        pids = {p.pid for p in procs.tagged(self.record.run_id, self.record.attempt)}
+        pids = {p.pid for p in self._tagged()}
         pids.update(p.pid for p in procs.tree(self.record.shim_pid))
         return sorted(pids)
 

@@ -43,17 +43,33 @@ def tree(pid: int | None) -> list[psutil.Process]:
         return []
 
 
-def tagged(run_id: str, attempt: int | None = None) -> list[psutil.Process]:
-    """Live processes whose environment says they belong to `run_id` (and `attempt`)."""
+def tagged(
+    run_id: str,
+    attempt: int | None = None,
+    *,
+    node_rank: int | None = None,
+    run_dir: str | None = None,
+) -> list[psutil.Process]:
+    """Live processes whose environment says they belong to `run_id` (and `attempt`).
+
+    `node_rank` and `run_dir` narrow it to one node's part: two daemons on one host (a
+    supported set-up) run parts of the same run and attempt side by side, and each may
+    only touch its own — the ones started with its node rank, under its own state dir.
+    """
+    wanted = {"GPUD_RUN_ID": run_id}
+    if attempt is not None:
+        wanted["GPUD_ATTEMPT"] = str(attempt)
+    if node_rank is not None:
+        wanted["GPUD_NODE_RANK"] = str(node_rank)
+    if run_dir is not None:
+        wanted["GPUD_RUN_DIR"] = run_dir
     found = []
     for proc in psutil.process_iter():
         try:
             env = proc.environ()
         except psutil.Error:
             continue
-        if env.get("GPUD_RUN_ID") != run_id:
-            continue
-        if attempt is not None and env.get("GPUD_ATTEMPT") != str(attempt):
+        if any(env.get(key) != value for key, value in wanted.items()):
             continue
         try:
             if proc.status() != psutil.STATUS_ZOMBIE:

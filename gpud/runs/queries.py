@@ -1,12 +1,10 @@
 """Read-only views of runs: status, lists, logs, metric history, health.
 
-Functions over the supervisor's records and store; they change nothing, so the control
-handlers can call them inline.
+Over the run book, the gang's views and telemetry; they change nothing, so the control
+handlers call them inline.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from gpud.auth import Caller
 from gpud.protocol import (
@@ -25,84 +23,85 @@ from gpud.protocol import (
     RunStatus,
 )
 from gpud.runmodel import AttemptRecord, HealthSummary, RunRecord, RunState
-from gpud.runs import gang
+from gpud.runs.book import RunBook, check_coordinator
+from gpud.runs.gang import Gang
 from gpud.runs.logread import read_chunk
-
-if TYPE_CHECKING:
-    from gpud.runs.supervisor import Supervisor
+from gpud.runs.telemetry import Telemetry
 
 
-def status(sup: Supervisor, req: RunRef) -> RunStatus:
-    run = sup.find(req.run)
-    view = sup.views.get(run.id)
-    return RunStatus(
-        run=sup.summary(run),
-        attempts=sup.store.attempts(run.id),
-        parts=gang.part_views(sup, run, view),
-        events=sup.store.run_events(run.id, limit=100),
-    )
+class Queries:
+    def __init__(self, book: RunBook, gang: Gang, telemetry: Telemetry) -> None:
+        self.book = book
+        self.gang = gang
+        self.telemetry = telemetry
 
+    def status(self, req: RunRef) -> RunStatus:
+        run = self.book.find(req.run)
+        return RunStatus(
+            run=self.book.summary(run),
+            attempts=self.book.store.attempts(run.id),
+            parts=self.gang.part_views(run),
+            events=self.book.store.run_events(run.id, limit=100),
+        )
 
-def list_runs(sup: Supervisor, req: ListRequest) -> RunList:
-    runs = sup.store.runs(active_only=req.active_only, limit=req.limit)
-    return RunList(runs=[sup.summary(sup.runs.get(r.id, r)) for r in runs])
+    def list_runs(self, req: ListRequest) -> RunList:
+        runs = self.book.store.runs(active_only=req.active_only, limit=req.limit)
+        return RunList(runs=[self.book.summary(self.book.get(r.id) or r) for r in runs])
 
+    def health(self, req: RunRef) -> HealthSummary:
+        run = self.book.find(req.run)
+        cached = self.telemetry.health.get(run.id)
+        if cached is not None and run.state is RunState.RUNNING:
+            return cached
+        return self.telemetry.assess(run, self.book.part(run.id))
 
-def health(sup: Supervisor, req: RunRef) -> HealthSummary:
-    run = sup.find(req.run)
-    cached = sup.telemetry.health.get(run.id)
-    if cached is not None and run.state is RunState.RUNNING:
-        return cached
-    return sup.telemetry.assess(run, sup.parts.get(run.id))
+    def part_health(self, req: PartStatusRequest, caller: Caller) -> PartHealth:
+        run = self.book.find(req.run_id)
+        check_coordinator(run, caller)
+        return self.telemetry.part_health(run, self.book.part(run.id))
 
+    def metrics(self, req: MetricsRequest) -> MetricsReply:
+        run = self.book.find(req.run)
+        rows: dict[tuple[int, int], MetricRow] = {}
+        for attempt, step, when, name, value in self.book.store.metrics(
+            run.id, req.name, req.limit
+        ):
+            if req.attempt is not None and attempt != req.attempt:
+                continue
+            row = rows.get((attempt, step))
+            if row is None:
+                row = rows[(attempt, step)] = MetricRow(
+                    attempt=attempt, step=step, time=when, values={}
+                )
+            row.values[name] = value
+        ordered = [rows[key] for key in sorted(rows)]
+        starts: dict[int, int] = {}
+        for row in ordered:
+            starts.setdefault(row.attempt, row.step)
+        return MetricsReply(
+            run_id=run.id,
+            rows=ordered,
+            resumed_at=[step for attempt, step in sorted(starts.items()) if attempt > 1],
+        )
 
-def part_health(sup: Supervisor, req: PartStatusRequest, caller: Caller) -> PartHealth:
-    run = sup.find(req.run_id)
-    sup._caller_may_coordinate(run, caller)
-    return sup.telemetry.part_health(run, sup.parts.get(run.id))
-
-
-def metrics(sup: Supervisor, req: MetricsRequest) -> MetricsReply:
-    run = sup.find(req.run)
-    rows: dict[tuple[int, int], MetricRow] = {}
-    for attempt, step, when, name, value in sup.store.metrics(run.id, req.name, req.limit):
-        if req.attempt is not None and attempt != req.attempt:
-            continue
-        row = rows.get((attempt, step))
-        if row is None:
-            row = rows[(attempt, step)] = MetricRow(
-                attempt=attempt, step=step, time=when, values={}
-            )
-        row.values[name] = value
-    ordered = [rows[key] for key in sorted(rows)]
-    starts: dict[int, int] = {}
-    for row in ordered:
-        starts.setdefault(row.attempt, row.step)
-    return MetricsReply(
-        run_id=run.id,
-        rows=ordered,
-        resumed_at=[step for attempt, step in sorted(starts.items()) if attempt > 1],
-    )
-
-
-def logs(sup: Supervisor, req: LogsRequest) -> LogChunk:
-    run = sup.find(req.run)
-    attempts = sup.store.attempts(run.id)
-    if not attempts:
-        raise ProtocolError(ErrorCode.NOT_FOUND, f"run {run.id} has no attempt here yet")
-    wanted = req.attempt or attempts[-1].attempt
-    record = next((a for a in attempts if a.attempt == wanted), None)
-    if record is None:
-        raise ProtocolError(ErrorCode.NOT_FOUND, f"run {run.id} has no attempt {wanted}")
-    part = sup.parts.get(run.id)
-    if part is not None and part.record.attempt == wanted:
-        record = part.record
-    local_rank = None
-    if req.rank is not None:
-        local_rank = req.rank - run.node_rank * record.nproc
-        if not 0 <= local_rank < record.nproc:
-            return _empty_chunk(run, record, sup.node)
-    return read_chunk(run, record, sup.node, req, local_rank)
+    def logs(self, req: LogsRequest) -> LogChunk:
+        run = self.book.find(req.run)
+        attempts = self.book.store.attempts(run.id)
+        if not attempts:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"run {run.id} has no attempt here yet")
+        wanted = req.attempt or attempts[-1].attempt
+        record = next((a for a in attempts if a.attempt == wanted), None)
+        if record is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"run {run.id} has no attempt {wanted}")
+        part = self.book.part(run.id)
+        if part is not None and part.record.attempt == wanted:
+            record = part.record
+        local_rank = None
+        if req.rank is not None:
+            local_rank = req.rank - run.node_rank * record.nproc
+            if not 0 <= local_rank < record.nproc:
+                return _empty_chunk(run, record, self.book.node)
+        return read_chunk(run, record, self.book.node, req, local_rank)
 
 
 def _empty_chunk(run: RunRecord, record: AttemptRecord, node: str) -> LogChunk:

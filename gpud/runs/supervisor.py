@@ -1,8 +1,10 @@
-"""The supervisor: every run with a part on this node, from launch to the last check.
+"""The supervisor: this node's parts of runs, from launch to the last check.
 
-It owns the run and attempt records (persisted in the store), the `Part`s running here,
-and — on node 0 of a run — the gang: it polls the other nodes' parts, stops the rest when
-one fails, and starts new attempts for resume and automatic restart (`gang.py`).
+It serves the run requests (launch, join, stop, resume and the part calls node 0 makes),
+starts and stops this node's `Part`s, follows their logs and settles their endings. The
+run records and every state change live in the `RunBook` (`book.py`); node 0's gang logic
+(polling the other nodes, lost parts, failure propagation, restarts) in `Gang`
+(`gang.py`), which starts and stops this node's part through `start_part`/`stop_part`.
 
 Everything runs on the daemon's event loop: requests arrive through the control server,
 trainer messages through the ingest, and `tick()` drives parts forward four times a
@@ -18,10 +20,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
-
-from pydantic import BaseModel
 
 from gpud.auth import Caller, PeerKeys
 from gpud.ingest import Ingest
@@ -39,7 +38,6 @@ from gpud.protocol import (
     PartStopRequest,
     ProtocolError,
     ResumeRequest,
-    Role,
     RunSummary,
     StopRequest,
     run_topic,
@@ -51,18 +49,18 @@ from gpud.runmodel import (
     MetricPoint,
     NodeRef,
     ProbeMessage,
-    RunEvent,
     RunRecord,
     RunState,
     TrainerMessage,
 )
 from gpud.runs import gang
+from gpud.runs.book import Publish, RunBook, check_coordinator
 from gpud.runs.logparse import MetricExtractor, classify, split_rank
 from gpud.runs.part import Outcome, Part
-from gpud.runs.peers import PeerLink
 from gpud.runs.ports import NoFreePort, pick_port
+from gpud.runs.queries import Queries
 from gpud.runs.telemetry import Telemetry
-from gpud.snapshot import GpuSample, NodeSnapshot, Severity
+from gpud.snapshot import GpuSample, NodeSnapshot
 from gpud.statedir import StateDir
 from gpud.store import Store
 from launch.autotune import recommend_for_node
@@ -79,8 +77,6 @@ log = logging.getLogger("gpud.runs")
 TICK_S = 0.25
 STOP_RESEND_S = 1.0
 PIDS_EVERY_S = 2.0
-
-Publish = Callable[[str, BaseModel], None]
 
 
 def _spec_of(run: RunRecord) -> RunSpec:
@@ -108,144 +104,46 @@ class Supervisor:
         self.node = node
         self.state = state
         self.store = store
-        self.publish = publish
         self.ingest = ingest
         self.hardware = hardware
         self.sample_gpus = sample_gpus
         self.peer_keys = peer_keys
-        self.keys = keys
         self.clock = clock
-        self.runs: dict[str, RunRecord] = {}
-        self.parts: dict[str, Part] = {}  # run id → this node's part of the current attempt
-        self.peers: dict[str, PeerLink] = {}  # control address → link (node 0 only)
-        self.views: dict[str, gang.GangView] = {}  # run id → the other nodes' parts
+        self.book = RunBook(node, store, publish, clock)
+        self.telemetry = Telemetry(self.book, hardware)
+        self.book.on_ended.append(self.telemetry.final)
+        self.gang = gang.Gang(self.book, self, keys, self.telemetry.set_peer_health)
+        self.queries = Queries(self.book, self.gang, self.telemetry)
         self._extractors: dict[str, MetricExtractor] = {}
         self._last_stop_sent: dict[str, float] = {}
         self._last_pids: dict[str, float] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.telemetry = Telemetry(self)
-
-    # ================================================================== records
-
-    def _save_run(self, run: RunRecord) -> RunRecord:
-        self.runs[run.id] = run
-        self.store.put_run(run)
-        return run
-
-    def _set_run_state(self, run: RunRecord, state: RunState, reason: str | None) -> RunRecord:
-        if run.state == state and run.reason == reason:
-            return run
-        now = self.clock()
-        run = self._save_run(
-            run.model_copy(update={"state": state, "state_since": now, "reason": reason})
-        )
-        self.event(run, "state", f"{state.value}: {reason or ''}".rstrip(": "))
-        self.publish(run_topic(run.id, "state"), self.summary(run))
-        level = logging.WARNING if state is RunState.FAILED else logging.INFO
-        log.log(
-            level,
-            "run %s (attempt %d): %s%s",
-            run.id,
-            run.attempt,
-            state.value,
-            f" — {reason}" if reason else "",
-        )
-        if state.terminal and run.is_coordinator:
-            self.store.release_ports(run.id)
-        return run
-
-    def event(
-        self,
-        run: RunRecord,
-        kind: str,
-        message: str,
-        severity: Severity = "info",
-        **data: Any,
-    ) -> None:
-        event = RunEvent(
-            run_id=run.id,
-            attempt=run.attempt,
-            time=self.clock(),
-            node=self.node,
-            kind=kind,
-            severity=severity,
-            message=message,
-            data=data,
-        )
-        self.store.add_run_event(event)
-        self.publish(run_topic(run.id, "event"), event)
-
-    def summary(self, run: RunRecord) -> RunSummary:
-        part = self.parts.get(run.id)
-        attempt = part.record if part else None
-        latest = self.store.latest_metrics(run.id)
-        spec = run.spec
-        return RunSummary(
-            id=run.id,
-            name=run.name,
-            state=run.state,
-            state_since=run.state_since,
-            reason=run.reason,
-            attempt=run.attempt,
-            restarts=run.restarts,
-            created_at=run.created_at,
-            node_rank=run.node_rank,
-            nodes=run.nodes,
-            nproc=attempt.nproc if attempt else None,
-            launcher=str(spec.get("launcher", "torchrun")),
-            last_step=latest[0] if latest else run.last_step,
-            max_steps=(spec.get("training") or {}).get("max_steps"),
-            last_values=latest[1] if latest else {},
-            last_checkpoint=run.last_checkpoint,
-            next_restart_at=run.next_restart_at,
-        )
-
-    def find(self, ref: str) -> RunRecord:
-        """A run by id, else the newest run of that name; ProtocolError not_found."""
-        if ref in self.runs:
-            return self.runs[ref]
-        run = self.store.run(ref)
-        if run is not None:
-            return run
-        named = [r for r in self.store.runs(limit=1000) if r.name == ref]
-        if named:
-            return named[0]
-        raise ProtocolError(ErrorCode.NOT_FOUND, f"no run {ref!r} on node {self.node}")
 
     # ================================================================== start-up
 
     def adopt(self) -> None:
         """Take back the parts that kept running while the daemon was down."""
         for run in self.store.runs(active_only=True):
-            self.runs[run.id] = run
+            self.book.load(run)
             if run.coordinator is not None and run.coordinator.server_key:
                 self.peer_keys.grant(run.coordinator.server_key, run.id)
         for record in self.store.active_attempts():
-            owner = self.runs.get(record.run_id)
+            owner = self.book.get(record.run_id)
             if owner is None:
                 continue
             run = owner
             part = Part(record, self.clock)
-            self.parts[run.id] = part
+            self.book.add_part(part)
             alive = part.shim_alive()
             what = (
                 "re-adopted after a daemon restart"
                 if alive
                 else "ended while the daemon was down; settling from the shim's record"
             )
-            self.event(run, "adopt", what)
+            self.book.event(run, "adopt", what)
             log.info("run %s: %s", run.id, "re-adopted" if alive else "settling after restart")
         # Gang state (and restarts due) are recomputed on the next tick.
 
     # ================================================================== requests
-
-    def _caller_may_coordinate(self, run: RunRecord, caller: Caller) -> None:
-        if caller.role is Role.PEER and (
-            run.coordinator is None or caller.key != run.coordinator.server_key
-        ):
-            raise ProtocolError(
-                ErrorCode.FORBIDDEN, f"your key does not coordinate run {run.id} on this node"
-            )
 
     def _validated(self, data: dict[str, object]) -> RunSpec:
         try:
@@ -300,7 +198,7 @@ class Supervisor:
         )
 
     def _new_run(
-        self, run_id: str, spec: RunSpec, nodes: list[NodeRef], node_rank: int
+        self, run_id: str, spec: RunSpec, nodes: list[NodeRef], node_rank: int, attempt: int = 1
     ) -> RunRecord:
         now = self.clock()
         run_dir = self.state.runs / run_id
@@ -315,11 +213,12 @@ class Supervisor:
             coordinator=None if node_rank == 0 else nodes[0],
             state=RunState.PENDING,
             state_since=now,
+            attempt=attempt,
             run_dir=str(run_dir),
             checkpoint_dir=checkpoint_dir,
         )
 
-    def _start_part(
+    def start_part(
         self,
         run: RunRecord,
         spec: RunSpec,
@@ -328,6 +227,7 @@ class Supervisor:
         master_port: int,
         resume_from: str | None,
     ) -> Part:
+        """Start this node's part of an attempt (its shim, its torchrun)."""
         place = self._placement(run, spec, attempt, master_addr, master_port, resume_from)
         command = build_command(spec, place)
         Path(run.run_dir).mkdir(parents=True, exist_ok=True)
@@ -352,12 +252,10 @@ class Supervisor:
             part.spawn(command.argv, env, command.cwd, command.files)
         except OSError as exc:
             raise ProtocolError(ErrorCode.INTERNAL, f"cannot start the shim: {exc}") from None
-        self.parts[run.id] = part
-        self.store.put_attempt(part.record)
-        extractor = MetricExtractor([m.pattern for m in spec.metrics])
-        self._extractors[run.id] = extractor
+        self.book.add_part(part)
+        self._extractors[run.id] = MetricExtractor([m.pattern for m in spec.metrics])
         resumed = f", resuming from {resume_from}" if resume_from else ""
-        self.event(
+        self.book.event(
             run,
             "attempt",
             f"attempt {attempt} started: {place.nproc_per_node} process(es)"
@@ -378,60 +276,59 @@ class Supervisor:
         if req.dry_run:
             place = self._placement(run, spec, 1, master_addr, port, None)
             return LaunchReply(
-                run=self.summary(run),
+                run=self.book.summary(run),
                 master_addr=master_addr,
                 master_port=port,
                 plan=self._plan(run, spec, place),
             )
         self.store.lease_port(port, run_id, 1, self.clock())
-        run = self._save_run(run)
-        self.event(run, "launch", f"launched by {caller.name} on {len(nodes)} node(s)")
-        self._start_part(run, spec, 1, master_addr, port, None)
-        run = self._set_run_state(run, RunState.STARTING, f"attempt 1 on {len(nodes)} node(s)")
-        self.views[run.id] = gang.GangView(run.nodes)
-        return LaunchReply(run=self.summary(run), master_addr=master_addr, master_port=port)
+        run = self.book.add(run)
+        self.book.event(run, "launch", f"launched by {caller.name} on {len(nodes)} node(s)")
+        self.start_part(run, spec, 1, master_addr, port, None)
+        run = self.book.move(run.id, RunState.STARTING, f"attempt 1 on {len(nodes)} node(s)")
+        self.gang.view(run)
+        return LaunchReply(run=self.book.summary(run), master_addr=master_addr, master_port=port)
 
     def join(self, req: JoinRequest, caller: Caller) -> JoinReply:
         spec = self._validated(req.spec)
         nodes = [_ref(n) for n in req.nodes]
         if req.node_rank >= len(nodes):
             raise ProtocolError(ErrorCode.INVALID_BODY, "node_rank is past the list of nodes")
-        existing = self.runs.get(req.run_id) or self.store.run(req.run_id)
-        if existing is not None and not req.dry_run:
+        if self.book.known(req.run_id) is not None and not req.dry_run:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {req.run_id} already has a part here")
-        run = self._new_run(req.run_id, spec, nodes, node_rank=req.node_rank)
+        run = self._new_run(req.run_id, spec, nodes, node_rank=req.node_rank, attempt=req.attempt)
         if req.dry_run:
             place = self._placement(run, spec, req.attempt, req.master_addr, req.master_port, None)
-            return JoinReply(run=self.summary(run), plan=self._plan(run, spec, place))
-        run = self._save_run(run.model_copy(update={"attempt": req.attempt}))
+            return JoinReply(run=self.book.summary(run), plan=self._plan(run, spec, place))
+        run = self.book.add(run)
         if nodes[0].server_key:
             self.peer_keys.grant(nodes[0].server_key, run.id)
-        self.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
-        self._start_part(run, spec, req.attempt, req.master_addr, req.master_port, None)
-        run = self._set_run_state(run, RunState.STARTING, f"attempt {req.attempt}")
-        return JoinReply(run=self.summary(run))
+        self.book.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
+        self.start_part(run, spec, req.attempt, req.master_addr, req.master_port, None)
+        run = self.book.move(run.id, RunState.STARTING, f"attempt {req.attempt}")
+        return JoinReply(run=self.book.summary(run))
 
     def part_start(self, req: PartStartRequest, caller: Caller) -> AttemptRecord:
-        run = self.find(req.run_id)
-        self._caller_may_coordinate(run, caller)
-        current = self.parts.get(run.id)
+        run = self.book.find(req.run_id)
+        check_coordinator(run, caller)
+        current = self.book.part(run.id)
         if current is not None and not current.record.state.terminal:
             raise ProtocolError(
                 ErrorCode.CONFLICT, f"attempt {current.record.attempt} still runs on {self.node}"
             )
-        run = self._save_run(
-            run.model_copy(update={"attempt": req.attempt, "stop_requested": False})
-        )
-        part = self._start_part(
+        if self.book.get(run.id) is None:
+            self.book.load(run)  # an ended run, read back from the store
+        run = self.book.update(run.id, attempt=req.attempt, stop_requested=False)
+        part = self.start_part(
             run, _spec_of(run), req.attempt, req.master_addr, req.master_port, req.resume_from
         )
-        self._set_run_state(run, RunState.STARTING, f"attempt {req.attempt}")
+        self.book.move(run.id, RunState.STARTING, f"attempt {req.attempt}", next_attempt=True)
         return part.record
 
     def part_status(self, req: PartStatusRequest, caller: Caller) -> AttemptRecord:
-        run = self.find(req.run_id)
-        self._caller_may_coordinate(run, caller)
-        part = self.parts.get(run.id)
+        run = self.book.find(req.run_id)
+        check_coordinator(run, caller)
+        part = self.book.part(run.id)
         if part is not None:
             return part.record
         attempts = self.store.attempts(run.id)
@@ -440,45 +337,67 @@ class Supervisor:
         return attempts[-1]
 
     def part_stop(self, req: PartStopRequest, caller: Caller) -> AttemptRecord:
-        run = self.find(req.run_id)
-        self._caller_may_coordinate(run, caller)
-        self._stop_own_part(run, force=req.force, reason=req.reason, grace_s=None)
+        run = self.book.find(req.run_id)
+        check_coordinator(run, caller)
+        if req.failed:
+            self.stop_part(run, force=req.force, reason=req.reason, grace_s=0.0, failed=req.reason)
+        else:
+            self.stop_part(run, force=req.force, reason=req.reason)
         return self.part_status(PartStatusRequest(run_id=run.id), caller)
 
-    def _stop_own_part(
-        self, run: RunRecord, force: bool, reason: str, grace_s: float | None
+    def stop_part(
+        self,
+        run: RunRecord,
+        *,
+        force: bool,
+        reason: str,
+        grace_s: float | None = None,
+        failed: str | None = None,
     ) -> None:
-        part = self.parts.get(run.id)
+        """Stop this node's part: handshake, SIGTERM after the grace, SIGKILL after that.
+
+        `failed`: another part failed or was lost — this one ends `failed` for that reason,
+        and its ranks get only a short time after SIGTERM (they are most likely stuck).
+        """
+        part = self.book.part(run.id)
         if part is None or part.record.state.terminal:
             return
         spec = _spec_of(run)
-        part.request_stop(spec.stop_grace_s if grace_s is None else grace_s, force)
-        self.store.put_attempt(part.record)
-        self.event(run, "stop", f"{'force-' if force else ''}stop on {self.node}: {reason}")
+        part.request_stop(
+            spec.stop_grace_s if grace_s is None else grace_s,
+            force,
+            kill_grace_s=gang.FAILED_KILL_GRACE_S if failed else None,
+        )
+        self.book.update_part(part, stop_failed=failed)
+        self.book.event(run, "stop", f"{'force-' if force else ''}stop on {self.node}: {reason}")
         if part.record.library and not force:
             self.ingest.request_stop(run.id, part.record.attempt, reason)
             self._last_stop_sent[run.id] = self.clock()
-        if not run.state.terminal:
-            self._set_run_state(run, RunState.STOPPING, reason)
+        current = self.book.get(run.id)
+        if current is not None and current.state.active:
+            self.book.move(run.id, RunState.STOPPING, reason)
 
     async def stop(self, req: StopRequest, caller: Caller) -> RunSummary:
-        run = self.find(req.run)
+        run = self.book.find(req.run)
         if run.state.terminal:
-            return self.summary(run)
+            return self.book.summary(run)
         reason = f"stop requested by {caller.name}"
-        run = self._save_run(
-            run.model_copy(update={"stop_requested": True, "next_restart_at": None})
-        )
-        if run.state is RunState.PENDING and run.id not in self.parts:
-            run = self._set_run_state(run, RunState.STOPPED, f"{reason} (restart cancelled)")
-            return self.summary(run)
-        self._stop_own_part(run, req.force, reason, grace_s=None)
+        run = self.book.update(run.id, stop_requested=True, next_restart_at=None)
+        own = self.book.part(run.id)
+        idle = own is None or own.record.state.terminal
+        if run.state is RunState.PENDING and idle and len(run.nodes) == 1:
+            run = self.book.move(run.id, RunState.STOPPED, f"{reason} (restart cancelled)")
+            return self.book.summary(run)
+        self.stop_part(run, force=req.force, reason=reason)
         if run.is_coordinator:
-            await gang.stop_peers(self, run, req.force, reason)
-        return self.summary(self.runs[run.id])
+            silent = await self.gang.stop_peers(run, req.force, reason)
+            if silent and req.force:
+                # A forced stop does not wait for nodes that do not answer.
+                self.gang.lose(run, silent, "did not answer the forced stop")
+        return self.book.summary(self.book.get(run.id) or run)
 
     async def resume(self, req: ResumeRequest, caller: Caller) -> RunSummary:
-        run = self.find(req.run)
+        run = self.book.find(req.run)
         if not run.is_coordinator:
             where = run.nodes[0].control.removeprefix("tcp://")
             raise ProtocolError(
@@ -490,14 +409,16 @@ class Supervisor:
             )
         if run.state is RunState.SUCCEEDED:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {run.id} succeeded: nothing to resume")
-        run = await gang.start_attempt(self, run, why=f"resumed by {caller.name}")
-        return self.summary(run)
+        if self.book.get(run.id) is None:
+            self.book.load(run)
+        run = await self.gang.start_attempt(run, why=f"resumed by {caller.name}")
+        return self.book.summary(run)
 
     # ================================================================== trainers
 
     def on_trainer_message(self, kind: str, message: TrainerMessage) -> None:
-        run = self.runs.get(message.run)
-        part = self.parts.get(message.run)
+        run = self.book.get(message.run)
+        part = self.book.part(message.run)
         if run is None or part is None or message.attempt != part.record.attempt:
             return  # a late message from an earlier attempt, or a stranger
         if isinstance(message, HeartbeatMessage):
@@ -506,8 +427,7 @@ class Supervisor:
             self.telemetry.probe(run, message)
         elif kind == "hello":
             if not part.record.library:
-                part.update(library=True)
-                self.store.put_attempt(part.record)
+                self.book.update_part(part, library=True)
         elif kind == "metrics":
             point = MetricPoint(
                 run_id=run.id,
@@ -522,24 +442,18 @@ class Supervisor:
             step = getattr(message, "step", None)
             if path:
                 ref = CheckpointRef(path=path, step=step, time=message.time)
-                self.runs[run.id] = self._save_run(run.model_copy(update={"last_checkpoint": ref}))
+                self.book.update(run.id, last_checkpoint=ref)
             if kind == "stopped":
-                self.event(run, "checkpoint", f"stopped at step {step}; checkpoint {path}")
+                self.book.event(run, "checkpoint", f"stopped at step {step}; checkpoint {path}")
         elif kind == "finished":
             finished = getattr(message, "exit_code", 1) == 0
             if finished and not part.record.finished:  # every rank says so; record it once
-                part.update(finished=True)
-                self.store.put_attempt(part.record)
+                self.book.update_part(part, finished=True)
 
     def _record_metrics(self, run: RunRecord, points: list[MetricPoint]) -> None:
         self.store.add_metrics(points)
-        last = max(p.step for p in points)
-        if run.last_step is None or last > run.last_step:
-            self.runs[run.id] = run.model_copy(update={"last_step": last})
-        self.publish(
-            run_topic(run.id, "metrics"),
-            gang.metrics_event(run.id, points),
-        )
+        self.book.note_step(run.id, max(p.step for p in points))
+        self.book.publish(run_topic(run.id, "metrics"), gang.metrics_event(run.id, points))
 
     # ================================================================== the tick
 
@@ -553,15 +467,12 @@ class Supervisor:
 
     async def tick(self) -> None:
         now = self.clock()
-        for run_id, part in list(self.parts.items()):
-            run = self.runs.get(run_id)
-            if run is None:
-                continue
+        for run, part in self.book.parts():
             self._follow_log(run, part)
             if part.record.state.terminal:
                 continue
-            if now - self._last_pids.get(run_id, 0.0) >= PIDS_EVERY_S:
-                self._last_pids[run_id] = now
+            if now - self._last_pids.get(run.id, 0.0) >= PIDS_EVERY_S:
+                self._last_pids[run.id] = now
                 part.remember_pids()
             if part.record.stop_requested:
                 self._keep_stopping(run, part, now)
@@ -569,7 +480,7 @@ class Supervisor:
             if outcome is not None:
                 await self._settle(run, part, outcome)
         self.telemetry.tick(now)
-        await gang.tick(self, now)
+        await self.gang.tick(now)
 
     def _follow_log(self, run: RunRecord, part: Part) -> None:
         lines = part.read_lines()
@@ -578,10 +489,11 @@ class Supervisor:
         record = part.record
         if record.state is RunState.STARTING:
             part.update(state=RunState.RUNNING, state_since=self.clock())
-            if not run.state.terminal and run.state is not RunState.STOPPING:
-                run = self._set_run_state(run, RunState.RUNNING, f"attempt {record.attempt}")
+            current = self.book.get(run.id) or run
+            if current.state in (RunState.STARTING, RunState.PENDING):
+                run = self.book.move(run.id, RunState.RUNNING, f"attempt {record.attempt}")
         self.store.put_attempt(part.record)
-        self.publish(run_topic(run.id, "log"), gang.log_event(self.node, run, part, lines))
+        self.book.publish(run_topic(run.id, "log"), gang.log_event(self.node, run, part, lines))
         extractor = self._extractors.get(run.id)
         points = []
         for line in lines:
@@ -590,7 +502,7 @@ class Supervisor:
             if trouble is not None:
                 self.telemetry.trouble(run, record.attempt, trouble.kind, text.strip())
                 rank = None if local is None else run.node_rank * record.nproc + local
-                self.event(
+                self.book.event(
                     run,
                     trouble.kind,
                     f"{trouble.meaning}: {text.strip()[:300]}",
@@ -619,23 +531,22 @@ class Supervisor:
             self._last_stop_sent[run.id] = now
         signalled = part.escalate()
         if signalled:
-            self.event(run, "stop", f"{signalled} on {self.node}")
+            self.book.event(run, "stop", f"{signalled} on {self.node}")
 
     async def _settle(self, run: RunRecord, part: Part, outcome: Outcome) -> None:
         self._follow_log(run, part)
         now = self.clock()
-        part.update(
+        self.book.update_part(
+            part,
             state=outcome.state,
             state_since=now,
             reason=outcome.reason,
             exit=outcome.exit,
             ended_at=now,
         )
-        self.store.put_attempt(part.record)
         await self._check_nothing_left(run, part)
-        if not run.is_coordinator:
-            state = outcome.state
-            self._set_run_state(self.runs[run.id], state, outcome.reason)
+        if not run.is_coordinator and part.record.attempt == (self.book.get(run.id) or run).attempt:
+            self.book.move(run.id, outcome.state, outcome.reason)
         # Node 0 folds this into the gang state on its next gang tick. A peer keeps the
         # coordinator's key: it may start the next attempt (resume, restart).
 
@@ -644,7 +555,7 @@ class Supervisor:
         leftovers = await asyncio.to_thread(part.leftovers)
         if leftovers:
             await asyncio.to_thread(_kill, leftovers)
-            self.event(
+            self.book.event(
                 run,
                 "leftovers",
                 f"{len(leftovers)} process(es) outlived the attempt and were killed: {leftovers}",
@@ -661,7 +572,7 @@ class Supervisor:
                     if proc.pid in part.pids_seen or proc.pid in leftovers:
                         holders.append(f"pid {proc.pid} on GPU {gpu.index}")
         if holders:
-            self.event(
+            self.book.event(
                 run,
                 "gpu_memory",
                 "GPU memory still held: " + ", ".join(holders),
@@ -669,7 +580,7 @@ class Supervisor:
                 holders=holders,
             )
         else:
-            self.event(
+            self.book.event(
                 run,
                 "verified",
                 f"no process of attempt {part.record.attempt} is left on "

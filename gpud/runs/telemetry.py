@@ -14,6 +14,7 @@ import json
 import os
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,8 +39,8 @@ from launch.backends import resolve_backend
 from launch.spec import parse_spec
 
 if TYPE_CHECKING:
+    from gpud.runs.book import RunBook
     from gpud.runs.part import Part
-    from gpud.runs.supervisor import Supervisor
 
 HEALTH_EVERY_S = 1.0
 DUMPS_EVERY_S = 2.0
@@ -51,6 +52,9 @@ SLOWDOWN = frozenset(
 
 #: Heartbeats whose compute times make up a rank's window (about 5 s of them).
 WINDOW = 10
+#: A heartbeat this long after the rank's previous one (three intervals) ends a pause
+#: (SIGSTOP, a frozen host): what it measured spans the pause, so it is no sample.
+PAUSE_GAP_S = 1.5
 
 
 @dataclass
@@ -77,8 +81,9 @@ class _RunTelemetry:
 
 
 class Telemetry:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(self, book: RunBook, hardware: Callable[[], NodeSnapshot]) -> None:
+        self.book = book
+        self.hardware = hardware
         self.runs: dict[str, _RunTelemetry] = {}
         self.peer_health: dict[str, dict[int, PartHealth]] = {}
         self.health: dict[str, HealthSummary] = {}
@@ -94,7 +99,7 @@ class Telemetry:
     # ------------------------------------------------------------------ inputs
 
     def heartbeat(self, run: RunRecord, message: HeartbeatMessage) -> None:
-        now = self.sup.clock()
+        now = self.book.clock()
         state = self._of(run.id, message.attempt)
         state.world_size = max(state.world_size or 0, message.world_size)
         old = state.ranks.get(message.rank)
@@ -102,9 +107,13 @@ class Telemetry:
         rank = _Rank(beat=message, received=now, progress_at=progress_at)
         if old is not None:
             rank.computes = old.computes
-        if message.step_time_s is not None and (old is None or old.beat.step != message.step):
-            # One sample per heartbeat that saw progress: a window over the last seconds, so
-            # one noisy step (a busy machine) does not make a straggler.
+        moved = old is None or old.beat.step != message.step
+        after_pause = old is not None and now - old.received > PAUSE_GAP_S
+        if message.step_time_s is not None and moved and not after_pause:
+            # One sample per heartbeat that saw progress (the trainer measures each interval
+            # between heartbeats afresh): the median of a window over the last seconds, so
+            # one noisy interval (a busy machine, a step that held a pause) makes no
+            # straggler, while a rank slow in every interval is one within a few beats.
             rank.computes.append(max(0.0, message.step_time_s - (message.collective_s or 0.0)))
         state.ranks[message.rank] = rank
 
@@ -120,7 +129,7 @@ class Telemetry:
             baseline_gbps=baseline[0] if baseline else None,
             baseline=baseline[1] if baseline else None,
         )
-        self.sup.store.add_metrics(
+        self.book.store.add_metrics(
             [
                 MetricPoint(
                     run_id=run.id, attempt=message.attempt, step=message.step,
@@ -139,7 +148,7 @@ class Telemetry:
     def _baseline(self, backend: str) -> tuple[float, str] | None:
         if backend != "nccl":
             return None
-        snapshot = self.sup.hardware()
+        snapshot = self.hardware()
         if snapshot.backend != "nvml" or not snapshot.gpus:
             return None
         gpu = snapshot.gpus[0]
@@ -152,8 +161,8 @@ class Telemetry:
         """This node's ranks and GPU trouble for the run's current attempt."""
         attempt = part.record.attempt if part else run.attempt
         state = self._of(run.id, attempt)
-        now = self.sup.clock()
-        snapshot = self.sup.hardware()
+        now = self.book.clock()
+        snapshot = self.hardware()
         views = [self._view(run, rank, now, snapshot) for rank in sorted(state.ranks.values(),
                  key=lambda r: r.beat.rank)]  # fmt: skip
         started = part.record.started_at if part and part.record.started_at else run.created_at
@@ -192,7 +201,8 @@ class Telemetry:
         indexes = sorted({v.gpu_index for v in views if v.gpu_index is not None})
         if not indexes:
             return []
-        events = [e for e in self.sup.store.node_events(500, since=since) if e.gpu_index in indexes]
+        recent = self.book.store.node_events(500, since=since)
+        events = [e for e in recent if e.gpu_index in indexes]
         by_index = {g.index: g for g in snapshot.gpus}
         troubles = []
         for index in indexes:
@@ -205,7 +215,7 @@ class Telemetry:
                 continue
             troubles.append(
                 GpuTrouble(
-                    node=self.sup.node,
+                    node=self.book.node,
                     gpu_index=index,
                     xid=counts["xid"],
                     nvlink_errors=counts["nvlink_errors"],
@@ -220,10 +230,8 @@ class Telemetry:
     # ------------------------------------------------------------------ the tick
 
     def tick(self, now: float) -> None:
-        for run_id, part in list(self.sup.parts.items()):
-            run = self.sup.runs.get(run_id)
-            if run is None:
-                continue
+        for run, part in self.book.parts():
+            run_id = run.id
             state = self._of(run_id, part.record.attempt)
             if run.is_coordinator:
                 self._backfill(run, state)
@@ -234,7 +242,19 @@ class Telemetry:
                 state.next_health = now + HEALTH_EVERY_S
                 summary = self.assess(run, part)
                 self.health[run_id] = summary
-                self.sup.publish(run_topic(run_id, "health"), summary)
+                self.book.publish(run_topic(run_id, "health"), summary)
+
+    def set_peer_health(self, run_id: str, healths: dict[int, PartHealth]) -> None:
+        """The other nodes' ranks, as node 0's gang last polled them."""
+        self.peer_health[run_id] = healths
+
+    def final(self, run: RunRecord) -> None:
+        """Publish the run's final health once it ended: no stale "stalled" stays behind."""
+        if not run.is_coordinator:
+            return
+        summary = self.assess(run, self.book.part(run.id))
+        self.health[run.id] = summary
+        self.book.publish(run_topic(run.id, "health"), summary)
 
     def assess(self, run: RunRecord, part: Part | None) -> HealthSummary:
         """The run's health now: every node's ranks on node 0, this node's elsewhere."""
@@ -246,7 +266,7 @@ class Telemetry:
             ]
         ranks = sorted((r for p in parts for r in p.ranks), key=lambda r: r.rank)
         spec = parse_spec(run.spec)
-        snapshot = self.sup.hardware()
+        snapshot = self.hardware()
         real = len(snapshot.gpus) if snapshot.backend == "nvml" else 0
         state = self._of(run.id, local.attempt)
         world = state.world_size or len(ranks) or None
@@ -264,7 +284,7 @@ class Telemetry:
         return assess(
             run_id=run.id,
             attempt=local.attempt,
-            now=self.sup.clock(),
+            now=self.book.clock(),
             state=run.state,
             ranks=ranks,
             backend=resolve_backend(spec, real),
@@ -301,13 +321,13 @@ class Telemetry:
                             time=message.time, values=message.values)
             )  # fmt: skip
         if points:
-            self.sup.store.add_metrics(points)
+            self.book.store.add_metrics(points)
 
     def _find_dumps(self, run: RunRecord, part: Part, state: _RunTelemetry) -> None:
         for path in glob.glob(os.path.join(part.record.attempt_dir, "nccl_trace_rank_*")):
             if path not in state.dumps:
                 state.dumps.add(path)
-                self.sup.event(run, "flight_recorder_dump", f"NCCL flight recorder dump: {path}",
+                self.book.event(run, "flight_recorder_dump", f"NCCL flight recorder dump: {path}",
                                "warning", path=path)  # fmt: skip
 
 

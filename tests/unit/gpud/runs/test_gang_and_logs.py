@@ -9,7 +9,7 @@ import pytest
 
 from gpud.protocol import LogsRequest
 from gpud.runmodel import AttemptRecord, RunRecord, RunState
-from gpud.runs.gang import gang_state
+from gpud.runs.decide import gang_state
 from gpud.runs.logparse import MetricExtractor, classify, root_cause, split_rank
 from gpud.runs.logread import read_chunk
 from gpud.runs.ports import NoFreePort, pick_port

@@ -1,0 +1,242 @@
+"""The run book: the one owner of run records and their states on this node.
+
+Every run this daemon knows, this node's part of each (its current attempt), the store
+they are written to, the run events and what is published about them. Every change of a
+run's state goes through `move()`, which enforces the transition table of `runmodel`
+(`WITHIN` an attempt, `NEXT_ATTEMPT` to open the next one); every other change goes
+through `update()`, typed by `RunChanges`. The supervisor, the gang, telemetry and the
+queries all read and write runs here, and nowhere else.
+
+An illegal move is a bug in gpud. Under `GPUD_STRICT_LIFECYCLE=1` (the tests set it) it
+raises `IllegalTransition`; in production it is logged as an error and applied, so a run
+never stays stuck in a state the daemon cannot leave.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from typing_extensions import Unpack
+
+from gpud.auth import Caller
+from gpud.protocol import ErrorCode, ProtocolError, Role, RunSummary, run_topic
+from gpud.runmodel import (
+    AttemptChanges,
+    RunChanges,
+    RunEvent,
+    RunRecord,
+    RunState,
+    can_move,
+)
+from gpud.snapshot import Severity
+from gpud.store import Store
+
+if TYPE_CHECKING:
+    from gpud.runs.part import Part
+
+log = logging.getLogger("gpud.runs")
+
+Publish = Callable[[str, BaseModel], None]
+STRICT_ENV = "GPUD_STRICT_LIFECYCLE"
+
+
+class IllegalTransition(RuntimeError):
+    """A move the transition table does not allow (a bug in gpud)."""
+
+
+def check_coordinator(run: RunRecord, caller: Caller) -> None:
+    """A peer may act on a run only if it is that run's node 0; ProtocolError forbidden."""
+    if caller.role is Role.PEER and (
+        run.coordinator is None or caller.key != run.coordinator.server_key
+    ):
+        raise ProtocolError(
+            ErrorCode.FORBIDDEN, f"your key does not coordinate run {run.id} on this node"
+        )
+
+
+class RunBook:
+    def __init__(
+        self,
+        node: str,
+        store: Store,
+        publish: Publish,
+        clock: Callable[[], float],
+        strict: bool | None = None,
+    ) -> None:
+        self.node = node
+        self.store = store
+        self.publish = publish
+        self.clock = clock
+        self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
+        self._runs: dict[str, RunRecord] = {}
+        self._parts: dict[str, Part] = {}  # run id → this node's part of its latest attempt
+        #: Called after a run's state became terminal (the final health, for one).
+        self.on_ended: list[Callable[[RunRecord], None]] = []
+
+    # ------------------------------------------------------------------ reading
+
+    def get(self, run_id: str) -> RunRecord | None:
+        return self._runs.get(run_id)
+
+    def runs(self) -> list[RunRecord]:
+        return list(self._runs.values())
+
+    def find(self, ref: str) -> RunRecord:
+        """A run by id, else the newest run of that name; ProtocolError not_found."""
+        if ref in self._runs:
+            return self._runs[ref]
+        run = self.store.run(ref)
+        if run is not None:
+            return run
+        named = [r for r in self.store.runs(limit=1000) if r.name == ref]
+        if named:
+            return named[0]
+        raise ProtocolError(ErrorCode.NOT_FOUND, f"no run {ref!r} on node {self.node}")
+
+    def known(self, run_id: str) -> RunRecord | None:
+        """A run from memory or the store, without the not-found error."""
+        return self._runs.get(run_id) or self.store.run(run_id)
+
+    # ------------------------------------------------------------------ runs
+
+    def load(self, run: RunRecord) -> None:
+        """Hold a run read back from the store (adoption after a daemon restart)."""
+        self._runs[run.id] = run
+
+    def add(self, run: RunRecord) -> RunRecord:
+        """A new run, as launched or joined here."""
+        self._runs[run.id] = run
+        self.store.put_run(run)
+        return run
+
+    def update(self, run_id: str, **changes: Unpack[RunChanges]) -> RunRecord:
+        """Change anything but the state (that is `move`)."""
+        run = self._runs[run_id].model_copy(update=dict(changes))
+        return self.add(run)
+
+    def note_step(self, run_id: str, step: int) -> None:
+        """The newest step seen in metrics (memory only: the store has the metrics)."""
+        run = self._runs.get(run_id)
+        if run is not None and (run.last_step is None or step > run.last_step):
+            self._runs[run_id] = run.model_copy(update={"last_step": step})
+
+    def move(
+        self,
+        run_id: str,
+        state: RunState,
+        reason: str | None,
+        *,
+        next_attempt: bool = False,
+        **changes: Unpack[RunChanges],
+    ) -> RunRecord:
+        """The one way a run changes state: checked, stored, logged, evented, published."""
+        run = self._runs[run_id]
+        if changes:
+            run = self.update(run_id, **changes)
+        if run.state == state and run.reason == reason:
+            return run
+        if not can_move(run.state, state, next_attempt):
+            message = (
+                f"illegal run state transition: run {run.id} (attempt {run.attempt}) "
+                f"{run.state.value} → {state.value} ({reason})"
+            )
+            if self.strict:
+                raise IllegalTransition(message)
+            log.error("%s; applied anyway", message)
+        run = self.add(
+            run.model_copy(update={"state": state, "state_since": self.clock(), "reason": reason})
+        )
+        self.event(run, "state", f"{state.value}: {reason or ''}".rstrip(": "))
+        self.publish(run_topic(run.id, "state"), self.summary(run))
+        level = logging.WARNING if state is RunState.FAILED else logging.INFO
+        log.log(
+            level,
+            "run %s (attempt %d): %s%s",
+            run.id,
+            run.attempt,
+            state.value,
+            f" — {reason}" if reason else "",
+        )
+        if state.terminal:
+            if run.is_coordinator:
+                self.store.release_ports(run.id)
+            for hook in self.on_ended:
+                try:
+                    hook(run)
+                except Exception:  # a view of the end must never undo the end
+                    log.exception("run %s: an end hook failed", run.id)
+        return run
+
+    def event(
+        self,
+        run: RunRecord,
+        kind: str,
+        message: str,
+        severity: Severity = "info",
+        **data: Any,
+    ) -> None:
+        event = RunEvent(
+            run_id=run.id,
+            attempt=run.attempt,
+            time=self.clock(),
+            node=self.node,
+            kind=kind,
+            severity=severity,
+            message=message,
+            data=data,
+        )
+        self.store.add_run_event(event)
+        self.publish(run_topic(run.id, "event"), event)
+
+    # ------------------------------------------------------------------ parts
+
+    def part(self, run_id: str) -> Part | None:
+        """This node's part of the run's latest attempt here (None: none started)."""
+        return self._parts.get(run_id)
+
+    def current_part(self, run: RunRecord) -> Part | None:
+        """This node's part of the run's *current* attempt."""
+        part = self._parts.get(run.id)
+        return part if part is not None and part.record.attempt == run.attempt else None
+
+    def parts(self) -> list[tuple[RunRecord, Part]]:
+        return [(self._runs[i], p) for i, p in list(self._parts.items()) if i in self._runs]
+
+    def add_part(self, part: Part) -> None:
+        self._parts[part.record.run_id] = part
+        self.store.put_attempt(part.record)
+
+    def update_part(self, part: Part, **changes: Unpack[AttemptChanges]) -> None:
+        part.update(**changes)
+        self.store.put_attempt(part.record)
+
+    # ------------------------------------------------------------------ views
+
+    def summary(self, run: RunRecord) -> RunSummary:
+        part = self._parts.get(run.id)
+        attempt = part.record if part else None
+        latest = self.store.latest_metrics(run.id)
+        spec = run.spec
+        return RunSummary(
+            id=run.id,
+            name=run.name,
+            state=run.state,
+            state_since=run.state_since,
+            reason=run.reason,
+            attempt=run.attempt,
+            restarts=run.restarts,
+            created_at=run.created_at,
+            node_rank=run.node_rank,
+            nodes=run.nodes,
+            nproc=attempt.nproc if attempt else None,
+            launcher=str(spec.get("launcher", "torchrun")),
+            last_step=latest[0] if latest else run.last_step,
+            max_steps=(spec.get("training") or {}).get("max_steps"),
+            last_values=latest[1] if latest else {},
+            last_checkpoint=run.last_checkpoint,
+            next_restart_at=run.next_restart_at,
+        )

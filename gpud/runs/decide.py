@@ -1,0 +1,145 @@
+"""What node 0 does with a gang, decided from plain records: no sockets, no clock of its own.
+
+`decide()` takes the run, what node 0 last saw of every part (its own included) and the
+time, and returns one `GangDecision`: the run's state and reason, the parts to mark
+`lost`, whether to stop the other parts because one failed, and when to restart. The gang
+(`gang.py`) carries decisions out; tests drive this module with a fake clock.
+
+- A part is **lost** when its node has not answered for `lost_after_s` (counted from the
+  last answer, or from the start of the attempt if it never answered) while the part was
+  not over. A lost part counts as over: nothing more will be heard from it.
+- A **failed** or lost part fails the run: the other parts are stopped (once), and when
+  every part is over the run ends `failed` — "node N lost" or "node N (name) failed: why"
+  — or waits in `pending` for an automatic restart.
+- A **user stop** ends the run `stopped` once every part is over, lost ones included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpud.protocol import PartView
+from gpud.runmodel import RunRecord, RunState
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_attempts: int = 0
+    backoff_s: float = 10.0
+    backoff_max_s: float = 300.0
+
+    def delay(self, restarts: int) -> float:
+        return float(min(self.backoff_s * 2**restarts, self.backoff_max_s))
+
+
+@dataclass(frozen=True)
+class GangDecision:
+    state: RunState
+    reason: str | None
+    lost: list[int] = field(default_factory=list)
+    #: Stop the other parts, recording them as failed for this reason.
+    propagate: str | None = None
+    #: Start the next attempt at this time (the run waits in `pending` until then).
+    restart_at: float | None = None
+
+
+def gang_state(states: list[RunState | None], user_stop: bool) -> RunState:
+    """One state for the run from its parts' states (None: not heard from yet)."""
+    known = [s or RunState.PENDING for s in states]
+    everyone_done = all(s.terminal for s in known)
+    if user_stop:
+        return RunState.STOPPED if everyone_done else RunState.STOPPING
+    if RunState.FAILED in known or RunState.LOST in known:
+        return RunState.FAILED
+    if everyone_done:
+        if all(s is RunState.SUCCEEDED for s in known):
+            return RunState.SUCCEEDED
+        return RunState.STOPPED
+    for state in (RunState.STOPPING, RunState.RUNNING, RunState.STARTING):
+        if state in known:
+            return state
+    return RunState.PENDING
+
+
+def newly_lost(
+    parts: dict[int, PartView], own_rank: int, since: float, now: float, lost_after_s: float
+) -> list[int]:
+    """The other nodes' parts that are not over and whose node has been silent too long."""
+    lost = []
+    for rank, part in parts.items():
+        if rank == own_rank or (part.state is not None and part.state.terminal):
+            continue
+        if now - (part.seen_at or since) >= lost_after_s:
+            lost.append(rank)
+    return lost
+
+
+def _where(run: RunRecord, rank: int, part: PartView) -> str:
+    return part.node.name or part.node.control.removeprefix("tcp://")
+
+
+def decide(
+    run: RunRecord,
+    parts: dict[int, PartView],
+    *,
+    now: float,
+    since: float,
+    lost_after_s: float,
+    restart: RestartPolicy,
+    cause: str | None = None,
+    teardown_abort: bool = False,
+) -> GangDecision:
+    """The run's next state from its parts (rank → view, node 0's own part included).
+
+    `cause`: the failure already propagated to the other parts (they end `failed` with it
+    as their reason, so it stays the run's reason rather than one of their echoes).
+    """
+    lost = newly_lost(parts, run.node_rank, since, now, lost_after_s)
+    states = {rank: RunState.LOST if rank in lost else p.state for rank, p in parts.items()}
+    everyone_done = all(s is not None and s.terminal for s in states.values())
+    gone = sorted(rank for rank, s in states.items() if s is RunState.LOST)
+    lost_note = "; ".join(f"node {r} ({_where(run, r, parts[r])}) lost" for r in gone)
+    new = gang_state(list(states.values()), run.stop_requested)
+
+    if run.stop_requested:
+        if new is RunState.STOPPED:
+            reason = run.reason if run.state is RunState.STOPPING else "stopped"
+            if lost_note:
+                reason = f"{reason or 'stopped'}; {lost_note}"
+            return GangDecision(RunState.STOPPED, reason, lost)
+        return GangDecision(new, run.reason, lost)
+
+    if new is RunState.FAILED:
+        if cause is not None:
+            reason = cause
+        elif gone:
+            rank = gone[0]
+            reason = f"node {rank} ({_where(run, rank, parts[rank])}) lost: no answer for"
+            reason += f" {lost_after_s:g}s"
+        else:
+            rank = min(r for r, s in states.items() if s is RunState.FAILED)
+            why = parts[rank].reason
+            reason = f"node {rank} ({_where(run, rank, parts[rank])}) failed: {why}"
+        propagate = None if cause is not None or (len(parts) == 1 and not gone) else reason
+        if not everyone_done:
+            return GangDecision(
+                RunState.STOPPING, f"{reason}; stopping the other parts", lost, propagate
+            )
+        if run.restarts < restart.max_attempts and not teardown_abort:
+            delay = restart.delay(run.restarts)
+            why = (
+                f"{reason}; restarting in {delay:g}s "
+                f"(restart {run.restarts + 1} of {restart.max_attempts})"
+            )
+            if gone:
+                why += " once every node answers"
+            return GangDecision(RunState.PENDING, why, lost, propagate, restart_at=now + delay)
+        return GangDecision(RunState.FAILED, reason, lost, propagate)
+
+    if new is RunState.RUNNING:
+        return GangDecision(new, f"attempt {run.attempt}", lost)
+    if new is RunState.SUCCEEDED:
+        return GangDecision(new, "every part finished", lost)
+    if new is RunState.STOPPED:
+        return GangDecision(new, run.reason if run.state is RunState.STOPPING else "stopped", lost)
+    return GangDecision(new, run.reason, lost)

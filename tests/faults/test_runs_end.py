@@ -1,0 +1,280 @@
+"""Runs always end: daemons killed mid-run, ranks killed, whole nodes gone for good.
+
+Real daemons (two per test for the multi-node cases, on one host as a shared box has
+them), real torchrun, real gloo ranks, real signals. Each case checks what an operator
+sees — every node's state and reason, how long it took — and that no process is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpud.client import Client
+from gpud.protocol import RUN_METRICS, MetricsRequest
+from gpud.runmodel import AttemptRecord, RunState
+from gpud.runs import procs
+from gpud.runs.part import Part
+from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.runs import (
+    FAST,
+    kill_rank,
+    launch,
+    nothing_left,
+    status,
+    wait_for,
+    wait_for_step,
+)
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+Daemons = Callable[..., RunningDaemon]
+
+
+def two_nodes(daemons: Daemons) -> tuple[RunningDaemon, RunningDaemon]:
+    return daemons(node="n0", simulate_gpus=None), daemons(node="n1", simulate_gpus=None)
+
+
+def restart(daemons: Daemons, old: RunningDaemon) -> RunningDaemon:
+    """The same daemon again: same node name, state dir and ports."""
+    started = time.monotonic()
+    new = daemons(
+        node=old.node,
+        simulate_gpus=None,
+        state_dir=old.state_dir,
+        control_port=int(old.address.rsplit(":", 1)[1]),
+        events_port=int(old.events.rsplit(":", 1)[1]),
+    )
+    print(f"{old.node} back and answering (parts re-adopted) in {time.monotonic() - started:.2f}s")
+    return new
+
+
+def kill_daemon(daemon: RunningDaemon) -> None:
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait(timeout=10)
+
+
+def kill_node(daemon: RunningDaemon, run_id: str, node_rank: int) -> None:
+    """The node dies whole: its daemon, its shim and every rank it ran."""
+    shim = status(daemon, run_id).attempts[-1].shim_pid
+    kill_daemon(daemon)
+    doomed = procs.tagged(run_id, node_rank=node_rank)
+    if shim is not None:
+        doomed.append(psutil.Process(shim))
+    procs.send(doomed, signal.SIGKILL)
+
+
+def steps_recorded(daemon: RunningDaemon, run_id: str) -> list[int]:
+    with Client(daemon.target(), timeout_s=10) as client:
+        reply = client.call(RUN_METRICS, MetricsRequest(run=run_id, name="loss", limit=100_000))
+    return sorted({row.step for row in reply.rows})
+
+
+def assert_no_gap(steps: list[int], total: int) -> None:
+    missing = sorted(set(range(total)) - set(steps))
+    assert not missing, f"metric steps lost: {missing[:20]} ({len(missing)} in all)"
+
+
+# --------------------------------------------------------------------------- daemons die
+
+
+@pytest.mark.parametrize("victim", [0, 1], ids=["coordinator", "worker"])
+def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, victim: int) -> None:
+    nodes = list(two_nodes(daemons))
+    total = 150
+    run_id = launch(
+        nodes[0], FAST, f"training.max_steps={total}", nodes=(nodes[0].address, nodes[1].address)
+    )
+    wait_for_step(nodes[0], run_id, 10)
+    kill_daemon(nodes[victim])
+    time.sleep(3.0)  # the ranks go on without it; rank 0 keeps logging metrics
+    nodes[victim] = restart(daemons, nodes[victim])
+    assert "re-adopted" in nodes[victim].log()
+    s0 = wait_for(nodes[0], run_id, {"succeeded", "failed", "stopped"}, timeout=180)
+    assert s0.run.state is RunState.SUCCEEDED, s0.run.reason
+    assert [p.state for p in s0.parts] == [RunState.SUCCEEDED, RunState.SUCCEEDED]
+    assert status(nodes[1], run_id).run.state is RunState.SUCCEEDED
+    assert_no_gap(steps_recorded(nodes[0], run_id), total)
+    nothing_left(run_id)
+
+
+# --------------------------------------------------------------------------- ranks die
+
+
+@pytest.mark.parametrize("rank", [1, 3], ids=["rank-on-node0", "rank-on-node1"])
+def test_a_killed_rank_fails_every_node_within_5s(daemons: Daemons, rank: int) -> None:
+    node0, node1 = two_nodes(daemons)
+    run_id = launch(node0, FAST, "training.max_steps=100000", nodes=(node0.address, node1.address))
+    wait_for_step(node0, run_id, 3)
+    kill_rank(run_id, rank)
+    killed_at = time.monotonic()
+    s0 = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=30)
+    s1 = wait_for(node1, run_id, {"failed", "stopped", "succeeded"}, timeout=30)
+    took = time.monotonic() - killed_at
+    assert (s0.run.state, s1.run.state) == (RunState.FAILED, RunState.FAILED), (
+        s0.run.reason,
+        s1.run.reason,
+    )
+    print(f"rank {rank} killed: every node reported failed in {took:.2f}s")
+    assert took < 5.0, f"the failure took {took:.1f}s to reach every node"
+    # The first failure node 0 saw: the killed rank's node, or the node whose ranks the
+    # dead rank's peers aborted first (gloo does not wait).
+    assert "failed first" in (s0.run.reason or ""), s0.run.reason
+    assert s1.run.reason == s0.run.reason or "failed first" in (s1.run.reason or "")
+    nothing_left(run_id)
+
+
+def test_a_restarted_run_resumes_from_its_checkpoint_with_no_metric_gap(
+    daemon: RunningDaemon,
+) -> None:
+    total = 120
+    run_id = launch(
+        daemon,
+        FAST,
+        f"training.max_steps={total}",
+        "checkpoint.every_steps=10",
+        "restart.max_attempts=1",
+        "restart.backoff_s=0.5",
+    )
+    wait_for_step(daemon, run_id, 35)
+    saved = status(daemon, run_id).run.last_checkpoint
+    assert saved is not None and saved.step is not None
+    kill_rank(run_id, 1)
+    s = wait_for(daemon, run_id, {"succeeded", "failed"}, timeout=180)
+    assert s.run.state is RunState.SUCCEEDED, s.run.reason
+    assert (s.run.attempt, s.run.restarts) == (2, 1)
+    resumed_from = s.attempts[1].resume_from
+    assert resumed_from is not None
+    resumed_step = int(Path(resumed_from).name.removeprefix("step_").removesuffix(".pt"))
+    assert resumed_step >= saved.step  # the latest checkpoint, not the first
+    assert_no_gap(steps_recorded(daemon, run_id), total)
+    nothing_left(run_id)
+
+
+# --------------------------------------------------------------------------- nodes die
+
+
+def test_a_node_gone_for_good_ends_the_run_within_the_lost_timeout(daemons: Daemons) -> None:
+    node0, node1 = two_nodes(daemons)
+    run_id = launch(
+        node0,
+        FAST,
+        "training.max_steps=100000",
+        "lost_after_s=5",
+        nodes=(node0.address, node1.address),
+    )
+    wait_for_step(node0, run_id, 3)
+    kill_node(node1, run_id, node_rank=1)
+    killed_at = time.monotonic()
+    s0 = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=60)
+    took = time.monotonic() - killed_at
+    print(f"node 1 killed whole: the run ended in {took:.2f}s (lost_after_s=5)")
+    assert s0.run.state is RunState.FAILED
+    assert s0.run.reason == "node 1 (n1) lost: no answer for 5s"
+    assert took < 5 + 10, f"the run took {took:.1f}s to end"
+    assert [p.state for p in s0.parts] == [RunState.FAILED, RunState.LOST]
+    assert any(e.kind == "lost" for e in s0.events)
+    assert node0.client().node_info().node == "n0"  # the daemon still answers
+    nothing_left(run_id)
+
+
+def test_a_forced_stop_returns_within_15s_when_a_node_is_gone(daemons: Daemons) -> None:
+    node0, node1 = two_nodes(daemons)
+    run_id = launch(node0, FAST, "training.max_steps=100000", nodes=(node0.address, node1.address))
+    wait_for_step(node0, run_id, 3)
+    kill_node(node1, run_id, node_rank=1)
+    started = time.monotonic()
+    stop = gpuctl("--node", node0.address, "stop", run_id, "--force", timeout=60)
+    took = time.monotonic() - started
+    print(f"stop --force with node 1 gone returned in {took:.2f}s")
+    assert took < 15, f"stop --force took {took:.1f}s"
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    s0 = status(node0, run_id)
+    assert s0.run.state is RunState.STOPPED
+    assert "node 1 (n1) lost" in (s0.run.reason or "")
+    nothing_left(run_id)
+
+
+def test_a_restart_after_a_lost_node_waits_for_it_then_finishes(daemons: Daemons) -> None:
+    node0, node1 = two_nodes(daemons)
+    run_id = launch(
+        node0,
+        FAST,
+        "training.max_steps=200",
+        "lost_after_s=3",
+        "restart.max_attempts=1",
+        "restart.backoff_s=0.5",
+        "checkpoint.every_steps=10",
+        nodes=(node0.address, node1.address),
+    )
+    wait_for_step(node0, run_id, 15)
+    kill_node(node1, run_id, node_rank=1)
+    deadline = time.monotonic() + 60
+    while "restart waits" not in (status(node0, run_id).run.reason or ""):
+        assert time.monotonic() < deadline, status(node0, run_id).run
+        time.sleep(0.3)
+    waiting = status(node0, run_id)
+    assert waiting.run.state is RunState.PENDING
+    assert waiting.run.attempt == 1  # nothing started while node 1 is silent
+    restart(daemons, node1)
+    s0 = wait_for(node0, run_id, {"succeeded", "failed", "stopped"}, timeout=240)
+    assert s0.run.state is RunState.SUCCEEDED, s0.run.reason
+    assert (s0.run.attempt, s0.run.restarts) == (2, 1)
+    assert s0.attempts[1].resume_from is not None
+    nothing_left(run_id)
+
+
+# --------------------------------------------------------------------------- shared host
+
+
+def _sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+
+
+def test_cleanup_on_a_shared_host_touches_only_its_own_nodes_processes(tmp_path: Path) -> None:
+    """Two daemons on one box run node 0 and node 1 of the same run and attempt: node 1's
+    leftover scan and dead-shim handling must never kill node 0's ranks."""
+    tags = {"GPUD_RUN_ID": "shared-abc123", "GPUD_ATTEMPT": "1"}
+    dirs = {rank: tmp_path / f"state-n{rank}" / "runs" / "shared-abc123" for rank in (0, 1)}
+    mine = _sleeper({**tags, "GPUD_NODE_RANK": "1", "GPUD_RUN_DIR": str(dirs[1])})
+    theirs = _sleeper({**tags, "GPUD_NODE_RANK": "0", "GPUD_RUN_DIR": str(dirs[0])})
+    try:
+        deadline = time.monotonic() + 10
+        while len(procs.tagged("shared-abc123")) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        record = AttemptRecord(
+            run_id="shared-abc123",
+            attempt=1,
+            node_rank=1,
+            state=RunState.RUNNING,
+            state_since=0.0,
+            master_addr="127.0.0.1",
+            master_port=29500,
+            nproc=1,
+            attempt_dir=str(dirs[1] / "attempt-1"),
+            shim_pid=None,  # the shim is gone: kill -9, or a reboot of the daemon's view
+        )
+        part = Part(record, time.time)
+        assert part.leftovers() == [mine.pid]
+        outcome = part.outcome()
+        assert outcome is not None and outcome.state is RunState.FAILED
+        assert outcome.exit.leftovers_killed == [mine.pid]
+        assert mine.wait(timeout=10) == -signal.SIGKILL
+        assert theirs.poll() is None, "node 1 killed a process of node 0"
+    finally:
+        for proc in (mine, theirs):
+            proc.kill()
+            proc.wait()

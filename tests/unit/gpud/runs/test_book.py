@@ -1,0 +1,111 @@
+"""The run book: the one owner of run states, with the transition table enforced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from gpud.runmodel import (
+    ACTIVE,
+    NEXT_ATTEMPT,
+    TERMINAL,
+    WITHIN,
+    NodeRef,
+    RunRecord,
+    RunState,
+    can_move,
+)
+from gpud.runs.book import IllegalTransition, RunBook
+from gpud.store import Store
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def new_book(tmp_path: Path, strict: bool) -> tuple[RunBook, list[tuple[str, BaseModel]]]:
+    published: list[tuple[str, BaseModel]] = []
+    store = Store(tmp_path / "state.db")
+    book = RunBook("n0", store, lambda topic, m: published.append((topic, m)), Clock(), strict)
+    book.add(
+        RunRecord(
+            id="r-1",
+            name="r",
+            created_at=0.0,
+            spec={},
+            nodes=[NodeRef(control="ipc:///x")],
+            node_rank=0,
+            state=RunState.PENDING,
+            state_since=0.0,
+            run_dir=str(tmp_path / "r-1"),
+            checkpoint_dir=str(tmp_path / "r-1" / "ck"),
+        )
+    )
+    return book, published
+
+
+def test_terminal_and_active_are_derived_from_the_one_table() -> None:
+    assert {RunState.STOPPED, RunState.SUCCEEDED, RunState.FAILED, RunState.LOST} == TERMINAL
+    assert {RunState.PENDING, RunState.STARTING, RunState.RUNNING, RunState.STOPPING} == ACTIVE
+    assert all(not WITHIN[s] for s in TERMINAL)
+    assert RunState.SUCCEEDED not in NEXT_ATTEMPT  # nothing follows success
+
+
+def test_a_move_is_stored_evented_and_published(tmp_path: Path) -> None:
+    book, published = new_book(tmp_path, strict=True)
+    book.move("r-1", RunState.STARTING, "attempt 1")
+    run = book.move("r-1", RunState.RUNNING, "attempt 1")
+    assert book.store.run("r-1") == run
+    assert [e.message for e in book.store.run_events("r-1")][-1] == "running: attempt 1"
+    assert [t for t, _ in published if t.endswith(".state")] == ["run.r-1.state"] * 2
+
+
+def test_an_illegal_move_raises_when_strict(tmp_path: Path) -> None:
+    book, _ = new_book(tmp_path, strict=True)
+    book.move("r-1", RunState.STARTING, None)
+    book.move("r-1", RunState.SUCCEEDED, "done")
+    with pytest.raises(IllegalTransition, match="succeeded → running"):
+        book.move("r-1", RunState.RUNNING, "again")
+    assert book.store.run("r-1").state is RunState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_an_illegal_move_is_logged_and_applied_in_production(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    book, _ = new_book(tmp_path, strict=False)
+    book.move("r-1", RunState.STARTING, None)
+    book.move("r-1", RunState.FAILED, "boom")
+    book.move("r-1", RunState.RUNNING, "resurrected")
+    assert "illegal run state transition" in caplog.text
+    assert book.store.run("r-1").state is RunState.RUNNING  # type: ignore[union-attr]
+
+
+def test_the_next_attempt_opens_only_from_an_ended_or_failing_attempt(tmp_path: Path) -> None:
+    assert not can_move(RunState.FAILED, RunState.STARTING)
+    assert can_move(RunState.FAILED, RunState.STARTING, next_attempt=True)
+    assert not can_move(RunState.SUCCEEDED, RunState.STARTING, next_attempt=True)
+    book, _ = new_book(tmp_path, strict=True)
+    book.move("r-1", RunState.STARTING, None)
+    book.move("r-1", RunState.FAILED, "boom")
+    run = book.move("r-1", RunState.STARTING, "resumed", next_attempt=True, attempt=2)
+    assert (run.state, run.attempt) == (RunState.STARTING, 2)
+
+
+def test_a_terminal_move_releases_the_port_lease_and_calls_the_end_hooks(
+    tmp_path: Path,
+) -> None:
+    book, _ = new_book(tmp_path, strict=True)
+    ended: list[str] = []
+    book.on_ended.append(lambda run: ended.append(run.state.value))
+    book.store.lease_port(29500, "r-1", 1, 0.0)
+    book.move("r-1", RunState.STARTING, None)
+    assert book.store.leased_ports() == {29500}
+    book.move("r-1", RunState.STOPPED, "stopped")
+    assert book.store.leased_ports() == set()
+    assert ended == ["stopped"]

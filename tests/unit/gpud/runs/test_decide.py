@@ -1,0 +1,155 @@
+"""Gang decisions from plain records and a fake clock: no daemons, no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpud.protocol import PartView
+from gpud.runmodel import NodeRef, RunRecord, RunState
+from gpud.runs.decide import GangDecision, RestartPolicy, decide, gang_state
+
+NODES = [NodeRef(control=f"tcp://10.0.0.{i}:5555", name=f"n{i}") for i in range(3)]
+NO_RESTART = RestartPolicy()
+CAUSE = "node 0 (n0) failed: why 0"
+
+
+def run(state: RunState = RunState.RUNNING, **changes: object) -> RunRecord:
+    record = RunRecord(
+        id="r-1",
+        name="r",
+        created_at=0.0,
+        spec={},
+        nodes=NODES,
+        node_rank=0,
+        state=state,
+        state_since=0.0,
+        run_dir="/tmp/r",
+        checkpoint_dir="/tmp/r/ck",
+    )
+    return record.model_copy(update=changes)
+
+
+def parts(*states: RunState | None, seen: float | None = None) -> dict[int, PartView]:
+    return {
+        rank: PartView(node_rank=rank, node=NODES[rank], state=state, reason=f"why {rank}",
+                       seen_at=seen)
+        for rank, state in enumerate(states)
+    }  # fmt: skip
+
+
+def at(
+    now: float,
+    record: RunRecord,
+    views: dict[int, PartView],
+    restart: RestartPolicy = NO_RESTART,
+    cause: str | None = None,
+) -> GangDecision:
+    return decide(
+        record,
+        views,
+        now=now,
+        since=0.0,
+        lost_after_s=30.0,
+        restart=restart,
+        cause=cause,
+    )
+
+
+def test_a_silent_node_is_lost_only_after_the_timeout() -> None:
+    views = parts(RunState.RUNNING, RunState.RUNNING, RunState.RUNNING, seen=100.0)
+    assert at(129.9, run(), views) == GangDecision(RunState.RUNNING, "attempt 1")
+    decision = at(130.0, run(), views)
+    assert decision.lost == [1, 2]
+    assert decision.state is RunState.STOPPING  # node 0's own part still runs
+    assert decision.propagate is not None and decision.propagate.startswith("node 1 (n1) lost")
+
+
+def test_a_node_never_heard_from_counts_from_the_start_of_the_attempt() -> None:
+    views = parts(RunState.RUNNING, None)
+    assert at(29.0, run(), views).lost == []
+    assert at(30.0, run(), views).lost == [1]
+
+
+def test_a_run_with_a_lost_part_ends_failed_with_node_n_lost() -> None:
+    views = parts(RunState.RUNNING, RunState.RUNNING, RunState.SUCCEEDED, seen=1.0)
+    first = at(31.0, run(), views)
+    assert first.propagate == "node 1 (n1) lost: no answer for 30s"
+    views = parts(RunState.FAILED, RunState.LOST, RunState.SUCCEEDED, seen=1.0)
+    decision = at(32.0, run(RunState.STOPPING), views, cause=first.propagate)
+    assert decision.state is RunState.FAILED
+    assert decision.reason == "node 1 (n1) lost: no answer for 30s"
+    assert decision.propagate is None  # already done once
+
+
+def test_a_part_that_ended_is_never_lost() -> None:
+    views = parts(RunState.RUNNING, RunState.SUCCEEDED, RunState.RUNNING, seen=0.0)
+    views[2] = views[2].model_copy(update={"seen_at": 1000.0})
+    assert at(1000.0, run(), views).lost == []
+
+
+def test_a_failed_part_stops_the_others_once_and_fails_the_run_when_all_ended() -> None:
+    views = parts(RunState.RUNNING, RunState.FAILED, RunState.RUNNING, seen=9.0)
+    first = at(10.0, run(), views)
+    assert first.state is RunState.STOPPING
+    assert first.propagate == "node 1 (n1) failed: why 1"
+    assert at(10.5, run(), views, cause=first.propagate).propagate is None
+    # The others end failed too, each with the cause as its reason; the run keeps the cause.
+    ended = parts(RunState.FAILED, RunState.FAILED, RunState.FAILED, seen=11.0)
+    final = at(11.0, run(RunState.STOPPING), ended, cause=first.propagate)
+    assert (final.state, final.reason) == (RunState.FAILED, "node 1 (n1) failed: why 1")
+    # Without a propagated cause (node 0 restarted meanwhile), the lowest failed node.
+    assert at(11.0, run(RunState.STOPPING), ended).reason == "node 0 (n0) failed: why 0"
+
+
+def test_a_restart_waits_its_backoff_and_doubles_it() -> None:
+    ended = parts(RunState.FAILED, RunState.STOPPED, RunState.STOPPED, seen=50.0)
+    policy = RestartPolicy(max_attempts=3, backoff_s=10.0, backoff_max_s=25.0)
+    first = at(50.0, run(RunState.STOPPING), ended, policy, cause=CAUSE)
+    assert (first.state, first.restart_at) == (RunState.PENDING, 60.0)
+    assert "restart 1 of 3" in (first.reason or "")
+    third = at(50.0, run(RunState.STOPPING, restarts=2), ended, policy, cause=CAUSE)
+    assert third.restart_at == 75.0  # 10·2² = 40, capped at 25
+    spent = at(50.0, run(RunState.STOPPING, restarts=3), ended, policy, cause=CAUSE)
+    assert spent.state is RunState.FAILED
+
+
+def test_a_restart_after_a_lost_node_says_it_waits_for_every_node() -> None:
+    ended = parts(RunState.FAILED, RunState.LOST, RunState.STOPPED, seen=50.0)
+    policy = RestartPolicy(max_attempts=1, backoff_s=1.0)
+    decision = at(50.0, run(RunState.STOPPING), ended, policy, cause=CAUSE)
+    assert decision.state is RunState.PENDING
+    assert (decision.reason or "").endswith("once every node answers")
+
+
+def test_a_user_stop_ends_stopped_even_with_a_lost_node_and_says_so() -> None:
+    stopping = run(RunState.STOPPING, stop_requested=True, reason="stop requested by ops")
+    views = parts(RunState.STOPPED, RunState.RUNNING, RunState.STOPPED, seen=0.0)
+    assert at(10.0, stopping, views).state is RunState.STOPPING
+    decision = at(30.0, stopping, views)
+    assert decision.lost == [1]
+    assert decision.state is RunState.STOPPED
+    assert decision.reason == "stop requested by ops; node 1 (n1) lost"
+    assert decision.propagate is None  # a user stop is not a failure
+
+
+def test_a_single_node_run_that_failed_has_nothing_to_propagate() -> None:
+    single = run(nodes=NODES[:1])
+    decision = at(1.0, single, parts(RunState.FAILED))
+    assert (decision.state, decision.propagate) == (RunState.FAILED, None)
+
+
+@pytest.mark.parametrize(
+    ("states", "stop", "expected"),
+    [
+        ([RunState.RUNNING, None], False, RunState.RUNNING),
+        ([RunState.SUCCEEDED, RunState.SUCCEEDED], False, RunState.SUCCEEDED),
+        ([RunState.SUCCEEDED, RunState.STOPPED], False, RunState.STOPPED),
+        ([RunState.RUNNING, RunState.LOST], False, RunState.FAILED),
+        ([RunState.STOPPED, RunState.LOST], True, RunState.STOPPED),
+        ([RunState.RUNNING, RunState.LOST], True, RunState.STOPPING),
+    ],
+)
+def test_gang_state_folds_lost_parts_like_failures(
+    states: list[RunState | None], stop: bool, expected: RunState
+) -> None:
+    assert gang_state(states, user_stop=stop) is expected
