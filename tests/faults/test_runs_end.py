@@ -89,7 +89,7 @@ def assert_no_gap(steps: list[int], total: int) -> None:
 @pytest.mark.parametrize("victim", [0, 1], ids=["coordinator", "worker"])
 def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, victim: int) -> None:
     nodes = list(two_nodes(daemons))
-    total = 150
+    total = 600  # long enough to outlive the daemon restart on a busy machine
     run_id = launch(
         nodes[0], FAST, f"training.max_steps={total}", nodes=(nodes[0].address, nodes[1].address)
     )
