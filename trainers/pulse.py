@@ -57,9 +57,12 @@ class Pulse:
         """Time measured elsewhere (a DDP comm hook) that counts as waiting in collectives."""
         self._in_collectives += seconds
 
-    def heartbeat(self, now: float) -> dict[str, Any] | None:
-        """The heartbeat body when one is due (about twice a second), else None."""
-        if now < self._next_beat:
+    def heartbeat(self, now: float, force: bool = False) -> dict[str, Any] | None:
+        """The heartbeat body when one is due (about twice a second) or `force`d, else None.
+
+        `step` in it is the 0-based index of the last step finished, as `Run.log` got it.
+        """
+        if now < self._next_beat and not force:
             return None
         self._next_beat = now + HEARTBEAT_INTERVAL_S
         return {

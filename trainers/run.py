@@ -1,7 +1,9 @@
 """`trainers.init()` and the `Run` a training script talks to.
 
 Integration in a plain loop (call `log` and `should_stop` on every rank, at the same
-point of the loop; only rank 0's metrics are kept):
+point of the loop; only rank 0's metrics are kept). `step` is the 0-based loop index of
+the step just finished; gpud shows index + 1 as the steps done (20/20 when the last index
+of `range(0, 20)` is logged):
 
     run = trainers.init()
     for step in range(start, max_steps):
@@ -112,10 +114,10 @@ class Run:
         body["time"] = time.time()
         self._link.put(kind, body)
 
-    def _tick(self) -> list[Item]:
-        """Called by the link thread: a heartbeat when one is due."""
+    def _tick(self, force: bool = False) -> list[Item]:
+        """Called by the link thread: a heartbeat when one is due (or `force`d)."""
         now = time.time()
-        beat = self._pulse.heartbeat(now)
+        beat = self._pulse.heartbeat(now, force=force)
         if beat is None:
             return []
         agreement = self._agreement
@@ -148,7 +150,7 @@ class Run:
     # ------------------------------------------------------------------ hot path
 
     def log(self, step: int, **metrics: float) -> None:
-        """Mark `step` done; rank 0 also records `metrics`. Never blocks (O(1) append).
+        """Mark `step` (its 0-based index) done; rank 0 also records `metrics`. Never blocks.
 
         The hot path of the library, kept to about a microsecond: one clock read, the
         pulse update, and (rank 0) one append to the link's bounded deque.
@@ -278,6 +280,11 @@ class Run:
         gloo can abort a rank at interpreter exit after training finished (SIGABRT);
         leaving through here avoids that.
         """
+        if self._link is not None:
+            # Heartbeats go out twice a second, so the last steps may not have been in one:
+            # send where this rank ended now, or health would stay a step or two behind.
+            for kind, body in self._tick(force=True):
+                self._link.put(kind, body)
         if self.stop_reason is None:
             # Training ran to its end (not stopped): gpud uses this to tell a teardown abort
             # after a complete run from a real failure.

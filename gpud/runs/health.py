@@ -112,17 +112,17 @@ def find_stall(ranks: list[RankView], backend: str | None, timeout_s: float | No
     if computing and waiting:
         culprit = min(computing, key=lambda r: (r.last_step or 0, r.rank))
         why = (
-            f"rank {culprit.rank} has not finished step {(culprit.last_step or 0) + 1} for "
+            f"rank {culprit.rank} has not finished step {(culprit.steps_done or 0) + 1} for "
             f"{culprit.progress_age_s:.1f}s while {len(waiting)} rank(s) wait in a collective"
         )
         stuck = culprit.progress_age_s or 0.0
         rank: int | None = culprit.rank
     else:
         behind = min(started, key=lambda r: (r.last_step or 0, r.rank))
-        ahead = max(r.last_step or 0 for r in started)
-        if (behind.last_step or 0) < ahead:
+        ahead = max(r.steps_done or 0 for r in started)
+        if (behind.steps_done or 0) < ahead:
             rank = behind.rank
-            why = f"rank {rank} is behind at step {behind.last_step} (others at {ahead})"
+            why = f"rank {rank} is behind at step {behind.steps_done} (others at {ahead})"
         elif waiting:
             rank = None
             why = "every rank waits in a collective: a network or NCCL hang, or a dead rank"

@@ -9,7 +9,7 @@ import click
 
 from gpud.client import ClientError
 from gpud.protocol import RunStatus, RunSummary
-from gpud.runmodel import RunState
+from gpud.runmodel import RunState, steps_text
 from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, Ctl
 from launch.gpuctl.runref import FoundRun, refresh
 
@@ -18,15 +18,14 @@ POLL_S = 0.5
 
 
 def progress_line(run: RunSummary) -> str:
-    step = run.last_step
+    done = run.steps_done
     total = run.max_steps
-    if step is not None and total:
-        done = min(1.0, (step + 1) / total)
-        filled = int(done * BAR_WIDTH)
+    if done is not None and total:
+        filled = int(min(1.0, done / total) * BAR_WIDTH)
         bar = "█" * filled + "░" * (BAR_WIDTH - filled)
-        where = f"[{bar}] step {step + 1}/{total}"
-    elif step is not None:
-        where = f"step {step + 1}"
+        where = f"[{bar}] step {steps_text(done, total)}"
+    elif done is not None:
+        where = f"step {steps_text(done, total)}"
     else:
         where = "waiting for the first step"
     loss = run.last_values.get("loss")

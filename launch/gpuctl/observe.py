@@ -6,7 +6,7 @@ import click
 
 from gpud.client import Client, ClientError
 from gpud.protocol import RUN_HEALTH, RUN_METRICS, MetricsReply, MetricsRequest, RunRef
-from gpud.runmodel import HealthSummary
+from gpud.runmodel import HealthSummary, steps_text
 from launch.gpuctl.context import Ctl, exit_code_for, fail, json_option
 from launch.gpuctl.output import emit_json, table
 from launch.gpuctl.runref import find_run
@@ -66,10 +66,11 @@ def health_command(ctl: Ctl, run: str) -> None:
     if ctl.json:
         emit_json(health)
         return
-    click.echo("\n".join(render_health(health)))
+    click.echo("\n".join(render_health(health, found.status.run.max_steps)))
 
 
-def render_health(h: HealthSummary) -> list[str]:
+def render_health(h: HealthSummary, max_steps: int | None = None) -> list[str]:
+    """The health report; each rank's step as steps done/`max_steps` (as `ps` shows it)."""
     lines = [
         f"run       {h.run_id} (attempt {h.attempt}), backend {h.backend or '?'}, "
         f"world size {h.world_size or '?'}",
@@ -99,7 +100,7 @@ def render_health(h: HealthSummary) -> list[str]:
         [
             str(r.rank),
             "?" if r.node_rank < 0 else str(r.node_rank),
-            "-" if r.last_step is None else str(r.last_step),
+            steps_text(r.steps_done, max_steps),
             _ms(r.step_time_s),
             _ms(r.collective_s),
             "-" if r.heartbeat_age_s is None else f"{r.heartbeat_age_s:.1f}s",

@@ -21,7 +21,7 @@ from gpud.protocol import (
     RunSummary,
     StopRequest,
 )
-from gpud.runmodel import RunState
+from gpud.runmodel import RunState, steps_text
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -75,7 +75,7 @@ def ps_command(ctl: Ctl, active: bool) -> None:
                 r.name,
                 r.state.value,
                 _shape(r),
-                "-" if r.last_step is None else str(r.last_step),
+                steps_text(r.steps_done, r.max_steps),
                 "-" if "loss" not in r.last_values else f"{r.last_values['loss']:.4f}",
                 str(r.attempt),
                 _age(r.created_at),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
+from tests.support.runs import FAST, launch, wait_for
 
 
 def test_two_daemons_on_one_machine_both_show_in_nodes(
@@ -154,3 +155,41 @@ def test_key_commands_reject_bad_input_in_one_line(args: list[str], tmp_path: Pa
     result = gpuctl(*args)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_finished_run_shows_the_same_steps_done_in_ps_status_and_health(
+    daemon: RunningDaemon,
+) -> None:
+    """Issue 8: a run of max_steps N that ran to its end is N/N in every view."""
+    steps = 20
+    run_id = launch(daemon, FAST, f"training.max_steps={steps}")
+    wait_for(daemon, run_id, {"succeeded"}, timeout=180)
+    done = f"{steps}/{steps}"
+
+    def ctl(*args: str) -> str:
+        result = gpuctl("--node", daemon.address, *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    # health: every rank's last heartbeat (sent from run.finish()) has the last step.
+    health = json.loads(ctl("--json", "health", run_id))
+    assert [(r["rank"], r["last_step"], r["steps_done"]) for r in health["ranks"]] == [
+        (0, steps - 1, steps),
+        (1, steps - 1, steps),
+    ]
+    ranks = [line.split() for line in ctl("health", run_id).splitlines()]
+    table = ranks[next(i for i, row in enumerate(ranks) if row[:1] == ["RANK"]) + 1 :]
+    assert [row[2] for row in table] == [done, done]
+    # ps
+    (row,) = [r for r in json.loads(ctl("--json", "ps"))["runs"] if r["id"] == run_id]
+    assert (row["last_step"], row["steps_done"], row["max_steps"]) == (steps - 1, steps, steps)
+    (line,) = [line.split() for line in ctl("ps").splitlines() if line.startswith(run_id)]
+    assert line[2:5] == ["succeeded", "1x2", done]
+    # status
+    status = json.loads(ctl("--json", "status", run_id))
+    assert (status["run"]["steps_done"], status["run"]["max_steps"]) == (steps, steps)
+    progress = next(
+        line for line in ctl("status", run_id).splitlines() if line.startswith("progress")
+    )
+    assert f"step {done}" in progress, progress

@@ -137,7 +137,9 @@ def test_a_hung_rank_is_reported_as_stalled_with_a_countdown(daemon: RunningDaem
     assert stalled.stall.stuck_for_s <= 2.0 + 0.6, stalled.stall
     assert stalled.stall.timeout_s == 60
     assert 50 < stalled.stall.countdown_s <= 60
-    assert "rank 1 has not finished step 31" in stalled.stall.why
+    # It hangs after logging index 30: 31 steps done, the 32nd never finishes.
+    assert stalled.ranks[1].steps_done == 31
+    assert "rank 1 has not finished step 32" in stalled.stall.why
     assert gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60).returncode == 0
     nothing_left(run_id)
 

@@ -103,7 +103,7 @@ async def test_a_real_run_end_to_end_then_stop_and_resume_it_from_the_ui(
             def step() -> int:
                 with model.lock:
                     found = run()
-                    return (found.last_step() or 0) if found is not None else 0
+                    return (found.steps_done() or 0) if found is not None else 0
 
             def ready() -> bool:
                 with model.lock:

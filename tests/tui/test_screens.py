@@ -85,7 +85,7 @@ async def test_runs_table_and_run_screen_with_loss_health_and_logs() -> None:
         assert isinstance(gputop.screen, RunsScreen)
         text = screen_text(gputop)
         row = next(line for line in text.splitlines() if line.startswith(RUN))
-        for expected in ("running", "2×2", "1181/1800", "0.0426", "st/s", "degraded"):
+        for expected in ("running", "2×2", "1182/1800", "0.0426", "st/s", "degraded"):
             assert expected in row, row
         assert "cpu-ddp-0a1b2c" in text and "stopped" in text
         await pilot.press("enter")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpud.protocol import MetricsReply, RunSummary
-from gpud.runmodel import HealthSummary, RunEvent, RunState
+from gpud.runmodel import HealthSummary, RunEvent, RunState, completed_steps
 from tui.model.logs import LogBuffer
 from tui.model.series import MetricSeries
 
@@ -167,11 +167,13 @@ class RunView:
             return last[2]
         return self.summary.last_values.get(name) if self.parts else None
 
-    def last_step(self) -> int | None:
+    def steps_done(self) -> int | None:
+        """Steps done (`completed_steps`): the newest step index seen in a metric or the
+        summary, + 1 — what every view shows, as done/max_steps."""
         steps = [int(last[1]) for s in self.metrics.values() if (last := s.last()) is not None]
         summary_step = self.summary.last_step if self.parts else None
         candidates = [s for s in (max(steps) if steps else None, summary_step) if s is not None]
-        return max(candidates) if candidates else None
+        return completed_steps(max(candidates)) if candidates else None
 
     def rate(self) -> Rate | None:
         """Throughput while the run is active: the trainer's own figure if it reports one,
@@ -213,13 +215,13 @@ class RunView:
         if not self.active or not self.parts:
             return None
         summary = self.summary
-        step = self.last_step()
-        if summary.max_steps is None or step is None or len(self.progress) < 2:
+        done = self.steps_done()
+        if summary.max_steps is None or done is None or len(self.progress) < 2:
             return None
         (t0, s0), (t1, s1) = self.progress[0], self.progress[-1]
         if t1 <= t0 or s1 <= s0:
             return None
-        return max(0.0, (summary.max_steps - 1 - step) / ((s1 - s0) / (t1 - t0)))
+        return max(0.0, (summary.max_steps - done) / ((s1 - s0) / (t1 - t0)))
 
     def verdict(self) -> str | None:
         if self.health is None:

@@ -92,7 +92,7 @@ def rank_grid(health: HealthSummary) -> Text:
     """
     text = Text("RANK  STEP    HB T/STEP  GPU", style="bold", no_wrap=True)
     for rank in health.ranks[:MAX_RANKS_SHOWN]:
-        step = "–" if rank.last_step is None else str(rank.last_step)
+        step = "–" if rank.steps_done is None else str(rank.steps_done)
         step_time = "–" if rank.step_time_s is None else f"{rank.step_time_s * 1000:.0f}ms"
         gpu = f"{rank.node_rank}:{'–' if rank.gpu_index is None else rank.gpu_index}"
         text.append(f"\n{rank.rank:>4} {step:>5} ")

@@ -33,9 +33,9 @@ def header_text(run: RunView, metric: str) -> Text:
         text.append(f"/{backend}", style="bold magenta")
     text.append(f" · {shape(run)} procs")
     text.append("\n")
-    step = run.last_step()
+    done = run.steps_done()
     text.append("step ", style="cyan")
-    text.append("–" if step is None else str(step), style="bold")
+    text.append("–" if done is None else str(done), style="bold")
     if s.max_steps:
         text.append(f"/{s.max_steps}")
     text.append("  loss ", style="cyan")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gpud.runmodel import RunState
+from gpud.runmodel import RunState, steps_text
 from tui.model import units
 from tui.model.fleet import FleetModel
 from tui.model.runs import RunView
@@ -63,10 +63,7 @@ def verdict_cell(run: RunView) -> Text:
 
 def run_row(run: RunView, now_wall: float) -> Row:
     s = run.summary
-    step = run.last_step()
-    step_text = "–" if step is None else str(step)
-    if s.max_steps and step is not None:
-        step_text += f"/{s.max_steps}"
+    step_text = steps_text(run.steps_done(), s.max_steps, missing="–")
     rate = run.rate()
     return (
         run.id,

@@ -82,7 +82,7 @@ def test_the_rank_computing_while_others_wait_is_the_stall_culprit() -> None:
     stall = find_stall(ranks, "nccl", timeout_s=60)
     assert stall is not None and stall.rank == 1
     assert stall.timeout_s == 60 and stall.countdown_s == 55.1
-    assert "rank 1 has not finished step 21" in stall.why
+    assert "rank 1 has not finished step 22" in stall.why  # 21 done (index 20)
     h = health(ranks, backend="nccl", timeout_s=60.0)
     assert h.verdict == "stalled" and h.ranks[1].stalled
 
@@ -98,6 +98,7 @@ def test_a_rank_behind_the_others_is_the_culprit() -> None:
     ranks = [rank(0, step=30, progress=3.0), rank(1, step=29, progress=3.0)]
     stall = find_stall(ranks, "gloo", None)
     assert stall is not None and stall.rank == 1 and stall.timeout_s == 1800
+    assert "rank 1 is behind at step 30 (others at 31)" in stall.why  # steps done
 
 
 def test_slow_steps_are_not_a_stall_and_start_up_is_not_either() -> None:
