@@ -31,6 +31,7 @@ from tests.support.runs import (
     nothing_left,
     status,
     wait_for,
+    wait_for_part,
     wait_for_step,
 )
 
@@ -162,7 +163,10 @@ def test_a_restarted_run_resumes_from_its_checkpoint_with_no_metric_gap(
 # --------------------------------------------------------------------------- nodes die
 
 
-def test_a_node_gone_for_good_ends_the_run_within_the_lost_timeout(daemons: Daemons) -> None:
+def test_a_node_killed_whole_ends_the_run_within_the_lost_timeout(daemons: Daemons) -> None:
+    """kill -9 of the node's daemon and every process it ran. The kernel closes their
+    sockets, so node 0's gloo ranks may abort before the lost timeout runs out: either
+    way the run ends failed within lost_after_s + 10 s and node 1's part ends lost."""
     node0, node1 = two_nodes(daemons)
     run_id = launch(
         node0,
@@ -176,13 +180,50 @@ def test_a_node_gone_for_good_ends_the_run_within_the_lost_timeout(daemons: Daem
     killed_at = time.monotonic()
     s0 = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=60)
     took = time.monotonic() - killed_at
-    print(f"node 1 killed whole: the run ended in {took:.2f}s (lost_after_s=5)")
-    assert s0.run.state is RunState.FAILED
-    assert s0.run.reason == "node 1 (n1) lost: no answer for 5s"
+    print(f"node 1 killed whole: the run ended in {took:.2f}s (lost_after_s=5): {s0.run.reason}")
+    assert s0.run.state is RunState.FAILED, s0.run.reason
+    reason = s0.run.reason or ""
+    assert reason == "node 1 (n1) lost: no answer for 5s" or "failed first" in reason, reason
     assert took < 5 + 10, f"the run took {took:.1f}s to end"
-    assert [p.state for p in s0.parts] == [RunState.FAILED, RunState.LOST]
+    assert s0.parts[0].state is RunState.FAILED
+    s0 = wait_for_part(node0, run_id, 1, RunState.LOST, timeout=5 + 10 - took + 5)
     assert any(e.kind == "lost" for e in s0.events)
     assert node0.client().node_info().node == "n0"  # the daemon still answers
+    nothing_left(run_id)
+
+
+def test_a_frozen_node_is_lost_and_node0_stops_its_own_hanging_ranks(daemons: Daemons) -> None:
+    """A node that stops answering without closing anything (power cut, partition): its
+    daemon and ranks are frozen with SIGSTOP, so node 0's ranks hang in gloo instead of
+    erroring. Node 0 must call node 1 lost after lost_after_s and stop its own part."""
+    node0, node1 = two_nodes(daemons)
+    run_id = launch(
+        node0,
+        FAST,
+        "training.max_steps=100000",
+        "lost_after_s=5",
+        nodes=(node0.address, node1.address),
+    )
+    wait_for_step(node0, run_id, 3)
+    shim = status(node1, run_id).attempts[-1].shim_pid
+    frozen = [psutil.Process(node1.proc.pid), *procs.tagged(run_id, node_rank=1)]
+    if shim is not None:
+        frozen.append(psutil.Process(shim))
+    try:
+        procs.send(frozen, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        s0 = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=60)
+        took = time.monotonic() - frozen_at
+        print(f"node 1 frozen: the run ended in {took:.2f}s (lost_after_s=5)")
+        assert s0.run.state is RunState.FAILED, s0.run.reason
+        assert s0.run.reason == "node 1 (n1) lost: no answer for 5s"
+        assert took < 5 + 10, f"the run took {took:.1f}s to end"
+        assert [p.state for p in s0.parts] == [RunState.FAILED, RunState.LOST]
+        assert any(e.kind == "lost" for e in s0.events)
+        assert procs.tagged(run_id, node_rank=0) == [], "node 0 left its hanging ranks"
+    finally:
+        procs.send(frozen, signal.SIGKILL)
+        node1.proc.wait(timeout=10)
     nothing_left(run_id)
 
 

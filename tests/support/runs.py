@@ -11,6 +11,7 @@ import psutil
 
 from gpud.client import Client
 from gpud.protocol import RUN_STATUS, RunRef, RunStatus
+from gpud.runmodel import RunState
 from gpud.runs import procs
 from tests.support.daemons import RunningDaemon, gpuctl
 
@@ -55,6 +56,20 @@ def wait_for(
             return last
         time.sleep(0.2)
     raise AssertionError(f"run {run_id} did not reach {states}; last: {last}")
+
+
+def wait_for_part(
+    daemon: RunningDaemon, run_id: str, node_rank: int, state: RunState, timeout: float = 30
+) -> RunStatus:
+    """Wait until the daemon's record of `node_rank`'s part is in `state`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = status(daemon, run_id)
+        if last.parts[node_rank].state is state:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"part {node_rank} of {run_id} never became {state.value}; last: {last}")
 
 
 def wait_for_step(daemon: RunningDaemon, run_id: str, step: int, timeout: float = 120) -> None:
