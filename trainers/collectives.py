@@ -5,8 +5,9 @@
   sync, no stall, no interference with the trainer's own collectives);
 - `probe`: a timed all-reduce of a fixed size on the trainer's own backend, giving the
   algorithm and bus bandwidth (busbw = algbw · 2(n−1)/n, as nccl-tests defines it);
-- `watch_ddp`: a DDP comm hook that times the gradient all-reduces, so a heartbeat can say
-  how long each step waited on the others.
+- `watch_ddp`: a DDP comm hook that marks each gradient all-reduce as a collective from
+  its launch to its completion, so a heartbeat says how long each step waited on the
+  others, and that a rank blocked in one is waiting, not computing.
 """
 
 # No `from __future__ import annotations` here: DDP inspects a comm hook's annotations and
@@ -120,16 +121,25 @@ def probe(size_bytes: int | None = None) -> ProbeResult:
     )
 
 
-def watch_ddp(model: Any, record: Callable[[float], None]) -> None:
-    """Time DDP's gradient all-reduces (the default averaging, unchanged otherwise)."""
+def watch_ddp(model: Any, enter: Callable[[float], None], leave: Callable[[float], None]) -> None:
+    """Mark DDP's gradient all-reduces (the default averaging, unchanged otherwise) as
+    collectives: `enter(now)` when one is launched, `leave(now)` when it completes.
+
+    Entry matters as much as completion: a rank blocked in an all-reduce that never
+    completes (another rank is stuck) must say it waits from the moment it launched it.
+    """
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # type: ignore[name-defined]
-        started = time.perf_counter()
-        future = allreduce_hook(state, bucket)
+        enter(time.time())
+        try:
+            future = allreduce_hook(state, bucket)
+        except BaseException:
+            leave(time.time())
+            raise
 
         def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            record(time.perf_counter() - started)
+            leave(time.time())  # first: a failed all-reduce raises in value()
             return fut.value()
 
         return future.then(done)

@@ -252,11 +252,12 @@ class Run:
             )
 
     def watch(self, model: Any) -> Any:
-        """Time a DDP model's gradient all-reduces for the heartbeats; returns the model."""
+        """Mark a DDP model's gradient all-reduces as collectives in the heartbeats (from
+        launch to completion); returns the model."""
         if self.launched and hasattr(model, "register_comm_hook"):
             from trainers import collectives
 
-            collectives.watch_ddp(model, self._pulse.add_collective_time)
+            collectives.watch_ddp(model, self._pulse.enter_collective, self._pulse.leave_collective)
         return model
 
     # ------------------------------------------------------------------ reports

@@ -3,15 +3,26 @@
 A pure function of what the daemons know (rank views, the latest probe, NCCL events,
 GPU trouble), so it is tested on hand-made inputs and computed the same on every node.
 
-- **Straggler**: the rank whose *compute* time per step (step time minus time waiting in
-  collectives) is at least 1.3× the median. In synchronous training every rank's step
-  time is the same — the fast ones wait for the slow one — so step time alone cannot
-  tell who is slow; the waiting can.
+- **Straggler**: judged by *compute* time per step (step time minus time waiting in
+  collectives; the daemon's median over a few seconds of heartbeats). In synchronous
+  training every rank's step time is the same — the fast ones wait for the slow one — so
+  step time alone cannot tell who is slow; the waiting can. The slowest rank is a
+  straggler when its compute time is at least 1.3× its *baseline*: the median compute
+  time of the *other* ranks, but never less than a floor of 1 ms or 10 % of the median
+  step time. Leaving the rank out of its own baseline keeps the ratio meaningful with 2
+  ranks (against the median of both it could never pass 2.0); the floor keeps a fast rank
+  whose compute reads about 0 (it spends its step waiting) from making any difference
+  look like an enormous ratio.
 - **Stall**: no rank has made progress for longer than a heartbeat-and-step-time based
-  threshold. The culprit is the rank that is *not* waiting in a collective (or the one
-  furthest behind); when every rank waits, nobody in the job is computing: a hang in
-  the network or NCCL, or a rank that died. The countdown is to the collective timeout
-  that will end the wait.
+  threshold. The culprit is a rank that went silent (no heartbeat: stopped, frozen or
+  dead — its heartbeat thread stopped with it) while the others wait in a collective,
+  else the rank that is *not* waiting in a collective, else the one furthest behind;
+  when every rank waits, nobody in the job is computing: a hang in the network or NCCL,
+  or a rank that died. The countdown is to the collective timeout that will end the
+  wait: the timeout minus the longest that a rank still heard from has waited.
+- **An ended run** has a final verdict and nothing live: `failed` when it failed, `ok`
+  when it succeeded, `idle` otherwise (stopped, or not running yet); never a stall, a
+  countdown or a straggler.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from gpud.runmodel import (
     RunState,
     Stall,
     Straggler,
+    Verdict,
 )
 
 HEARTBEAT_INTERVAL_S = 0.5
@@ -34,6 +46,9 @@ STRAGGLER_RATIO = 1.3
 SILENT_AFTER_BEATS = 4
 #: The collective timeouts PyTorch uses when the trainer sets none.
 DEFAULT_TIMEOUT_S = {"nccl": 600.0, "gloo": 1800.0}
+#: A straggler's baseline is at least this, and at least this share of the median step time.
+MIN_BASELINE_S = 0.001
+BASELINE_STEP_SHARE = 0.1
 #: busbw below this share of the baseline makes a run degraded.
 SLOW_BUSBW_SHARE = 0.5
 
@@ -79,18 +94,32 @@ def _compute(rank: RankView) -> float | None:
 
 
 def find_straggler(ranks: list[RankView]) -> Straggler | None:
-    computes = [(r, c) for r in ranks if (c := _compute(r)) is not None]
+    """The slowest rank by compute time, when it is 1.3× its baseline (see the module).
+
+    Only the slowest rank can be one: its baseline (the median of everyone else) is the
+    lowest of any rank's, so its ratio is the highest. `median_step_time_s` in the result
+    is that baseline.
+    """
+    computes = sorted(
+        ((c, r.rank, r) for r in ranks if (c := _compute(r)) is not None), key=lambda t: t[:2]
+    )
     if len(computes) < 2:
         return None
-    median = statistics.median(c for _, c in computes)
-    rank, slowest = max(computes, key=lambda rc: rc[1])
-    if median <= 0 or slowest < STRAGGLER_RATIO * median:
+    slowest, _, rank = computes[-1]
+    others = statistics.median(c for c, _, _ in computes[:-1])
+    step_times = [r.step_time_s for r in ranks if r.step_time_s is not None]
+    floor = max(
+        MIN_BASELINE_S,
+        BASELINE_STEP_SHARE * statistics.median(step_times) if step_times else 0.0,
+    )
+    baseline = max(others, floor)
+    if slowest < STRAGGLER_RATIO * baseline:
         return None
     return Straggler(
         rank=rank.rank,
         step_time_s=slowest,
-        median_step_time_s=median,
-        ratio=round(slowest / median, 2),
+        median_step_time_s=baseline,
+        ratio=round(slowest / baseline, 2),
     )
 
 
@@ -105,18 +134,30 @@ def find_stall(ranks: list[RankView], backend: str | None, timeout_s: float | No
     freshest = min(r.progress_age_s or 0.0 for r in started)
     if freshest <= threshold:
         return None  # somebody is still making progress
-    computing = [r for r in started if r.phase == "compute"]
-    waiting = [r for r in started if r.phase == "collective"]
+    # A silent rank's phase is whatever it was at its last heartbeat: stale, so it neither
+    # waits nor computes as far as the others are concerned.
+    heard = [r for r in started if not _silent(r)]
+    silent = [r for r in started if _silent(r)]
+    computing = [r for r in heard if r.phase == "compute"]
+    waiting = [r for r in heard if r.phase == "collective"]
     timeout = timeout_s or DEFAULT_TIMEOUT_S.get(backend or "", DEFAULT_TIMEOUT_S["nccl"])
     waited = max((r.phase_for_s for r in waiting), default=0.0)
-    if computing and waiting:
+    if silent and waiting:
+        culprit = min(silent, key=lambda r: (r.last_step or 0, r.rank))
+        why = (
+            f"rank {culprit.rank} has sent no heartbeat for {culprit.heartbeat_age_s:.1f}s "
+            f"(stopped, frozen or dead) while {len(waiting)} rank(s) wait in a collective"
+        )
+        stuck = culprit.progress_age_s or 0.0
+        rank: int | None = culprit.rank
+    elif computing and waiting:
         culprit = min(computing, key=lambda r: (r.last_step or 0, r.rank))
         why = (
             f"rank {culprit.rank} has not finished step {(culprit.steps_done or 0) + 1} for "
             f"{culprit.progress_age_s:.1f}s while {len(waiting)} rank(s) wait in a collective"
         )
         stuck = culprit.progress_age_s or 0.0
-        rank: int | None = culprit.rank
+        rank = culprit.rank
     else:
         behind = min(started, key=lambda r: (r.last_step or 0, r.rank))
         ahead = max(r.steps_done or 0 for r in started)
@@ -139,6 +180,19 @@ def find_stall(ranks: list[RankView], backend: str | None, timeout_s: float | No
     )
 
 
+def _silent(rank: RankView) -> bool:
+    age = rank.heartbeat_age_s
+    return age is not None and age > SILENT_AFTER_BEATS * HEARTBEAT_INTERVAL_S
+
+
+#: The final verdict of a run that is not running, and why.
+_NOT_RUNNING: dict[RunState, tuple[Verdict, str]] = {
+    RunState.SUCCEEDED: ("ok", "the run succeeded"),
+    RunState.FAILED: ("failed", "the run failed"),
+    RunState.STOPPED: ("idle", "the run was stopped"),
+}
+
+
 def assess(
     run_id: str,
     attempt: int,
@@ -153,15 +207,17 @@ def assess(
     last_nccl_warning: str | None,
     gpu_trouble: list[GpuTrouble],
 ) -> HealthSummary:
-    """The health summary of one run right now."""
+    """The health summary of one run right now.
+
+    Only a running run is judged live; any other state gets its final (or not yet
+    started) verdict, without a stall or a straggler, whatever its ranks last said.
+    """
     straggler = stall = None
     reasons: list[str] = []
-    if state is RunState.FAILED:
-        verdict = "failed"
-        reasons.append("the run failed")
-    elif state is not RunState.RUNNING:
-        verdict = "idle"
-        reasons.append(f"the run is {state.value}")
+    verdict: Verdict
+    if state is not RunState.RUNNING:
+        verdict, why = _NOT_RUNNING.get(state, ("idle", f"the run is {state.value}"))
+        reasons.append(why)
     else:
         stall = find_stall(ranks, backend, timeout_s)
         straggler = None if stall else find_straggler(ranks)

@@ -36,6 +36,19 @@ ACTIVE = frozenset({RunState.PENDING, RunState.STARTING, RunState.RUNNING, RunSt
 
 
 @dataclass(frozen=True)
+class Ending:
+    """How an ended run ended: its label ("ENDED: succeeded", "ENDED: stopped", "FAILED")
+    and the run's reason."""
+
+    state: RunState
+    reason: str | None
+
+    @property
+    def label(self) -> str:
+        return "FAILED" if self.state is RunState.FAILED else f"ENDED: {self.state.value}"
+
+
+@dataclass(frozen=True)
 class Rate:
     value: float
     unit: str  # "samples/s", "tokens/s" or "steps/s"
@@ -229,3 +242,10 @@ class RunView:
         if self.parts and self.summary.state.terminal:
             return None  # the last verdict of an ended run says nothing now
         return self.health.verdict
+
+    def ending(self) -> Ending | None:
+        """How the run ended, for views that would otherwise show its last live health.
+        None while it has not ended (or nothing is known of it yet)."""
+        if not self.parts or not self.summary.state.terminal:
+            return None
+        return Ending(self.summary.state, self.summary.reason)

@@ -1,6 +1,10 @@
 """The NCCL health panel of a run: the verdict and the countdown to the collective timeout,
 bus bandwidth against its baseline, NCCL warnings, hardware errors on the run's GPUs, and
-a grid of every rank (step, heartbeat age, step time) with straggler and stalled marks."""
+a grid of every rank (step, heartbeat age, step time) with straggler and stalled marks.
+
+A run that ended shows how it ended instead of a verdict: the health it holds is the last
+one published while it ran (it may say stalled, with a countdown), and nothing live about
+it is true any more."""
 
 from __future__ import annotations
 
@@ -8,20 +12,29 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from gpud.runmodel import GpuTrouble, HealthSummary
+from gpud.runmodel import GpuTrouble, HealthSummary, RunState
 from tui.model import units
-from tui.model.runs import RunView
-from tui.widgets.runs_table import VERDICT_STYLES
+from tui.model.runs import Ending, RunView
+from tui.widgets.runs_table import STATE_STYLES, VERDICT_STYLES
 
 MAX_RANKS_SHOWN = 256
 
 
-def verdict_text(health: HealthSummary, ended: bool) -> Text:
+def ending_text(ending: Ending) -> Text:
+    """An ended run's final state, in place of its last live verdict, stall and countdown."""
+    style = STATE_STYLES.get(ending.state, "") or "dim"
+    text = Text(f" {ending.label} ", style=f"reverse {style}")
+    if ending.reason and ending.state is not RunState.SUCCEEDED:
+        text.append(f"\n{ending.reason}", style=style)
+    text.append("\nthe run ended: no live health", style="dim")
+    return text
+
+
+def verdict_text(health: HealthSummary) -> Text:
+    """A running run's verdict, why, and a stall's countdown to the collective timeout."""
     text = Text()
     style = VERDICT_STYLES.get(health.verdict, "")
     text.append(" " + health.verdict.upper() + " ", style=f"reverse {style}")
-    if ended:
-        text.append(" (last, run ended)", style="dim")
     for reason in health.reasons[:3]:
         text.append(f"\n{reason}", style=style)
     stall = health.stall
@@ -84,8 +97,9 @@ def trouble_text(health: HealthSummary) -> Text:
     return text
 
 
-def rank_grid(health: HealthSummary) -> Text:
-    """Step, heartbeat age and step time per rank; S: straggler, ✗: stalled.
+def rank_grid(health: HealthSummary, marks: bool = True) -> Text:
+    """Step, heartbeat age and step time per rank; S: straggler, ✗: stalled (when `marks`:
+    a run that ended has neither).
 
     Plain fixed-width lines rather than a Rich table: a run of hundreds of ranks redraws
     every second, and a table costs ten times as much to lay out.
@@ -99,9 +113,9 @@ def rank_grid(health: HealthSummary) -> Text:
         late = rank.heartbeat_age_s is None or rank.heartbeat_age_s > 5
         text.append(f"{units.duration(rank.heartbeat_age_s):>5}", style="red" if late else "")
         text.append(f" {step_time:>6}  {gpu:<4}")
-        if rank.stalled:
+        if marks and rank.stalled:
             text.append(" ✗", style="bold red")
-        elif rank.straggler:
+        elif marks and rank.straggler:
             text.append(" S", style="bold yellow")
     if len(health.ranks) > MAX_RANKS_SHOWN:
         text.append(f"\n   … {len(health.ranks) - MAX_RANKS_SHOWN} more ranks", style="dim")
@@ -112,7 +126,8 @@ class HealthPanel(Static):
     _key: tuple[object, ...] | None = None
 
     def show(self, run: RunView) -> None:
-        key = (run.id, id(run.health), run.known and run.summary.state)
+        ending = run.ending()
+        key = (run.id, id(run.health), run.known and run.summary.state, ending)
         if key == self._key:
             return
         self._key = key
@@ -124,9 +139,8 @@ class HealthPanel(Static):
         if health is None:
             self.update(Group(head, Text("no health report yet", style="dim")))
             return
-        ended = run.known and run.summary.state.terminal
         straggler = Text()
-        if health.straggler is not None:
+        if health.straggler is not None and ending is None:
             s = health.straggler
             straggler.append(
                 f"straggler: rank {s.rank} {s.ratio:.1f}× the median step time", style="yellow"
@@ -134,11 +148,16 @@ class HealthPanel(Static):
         self.update(
             Group(
                 head,
-                verdict_text(health, ended),
+                verdict_text(health) if ending is None else ending_text(ending),
                 bandwidth_text(health),
                 trouble_text(health),
                 straggler,
-                Text("ranks (S straggler, ✗ stalled; GPU node:index)", style="dim"),
-                rank_grid(health),
+                Text(
+                    "ranks (S straggler, ✗ stalled; GPU node:index)"
+                    if ending is None
+                    else "ranks when last heard (GPU node:index)",
+                    style="dim",
+                ),
+                rank_grid(health, marks=ending is None),
             )
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpud.runmodel import BandwidthView, GpuTrouble, RankView, RunState
 from gpud.runs.health import assess, baseline_for, find_stall, find_straggler
 
@@ -150,3 +152,71 @@ def test_the_windowed_compute_time_wins_over_one_noisy_step() -> None:
         rank(1, step_time=0.1, coll=0.0).model_copy(update={"compute_s": 0.052}),
     ]
     assert find_straggler(ranks) is None
+
+
+# ---------------------------------------------------------------- issue 8: health correctness
+
+
+def test_two_ranks_a_straggler_is_measured_against_the_other_rank() -> None:
+    # Against the median of both ranks the ratio could never pass 2.0; against the other
+    # rank it says how much slower the slow one really is.
+    ranks = [rank(0, step_time=0.1, coll=0.08), rank(1, step_time=0.1, coll=0.03)]
+    straggler = find_straggler(ranks)
+    assert straggler is not None and straggler.rank == 1
+    assert straggler.ratio == 3.5 and straggler.median_step_time_s == pytest.approx(0.02)
+
+
+def test_a_fast_rank_computing_about_nothing_gives_a_finite_sane_ratio() -> None:
+    # Rank 0 spends its whole step waiting for rank 1: compute 0. The baseline is floored
+    # at 10 % of the step time (6 ms), not 0 (an infinite ratio) nor the mean (2.0).
+    ranks = [rank(0, step_time=0.06, coll=0.06), rank(1, step_time=0.06, coll=0.0)]
+    straggler = find_straggler(ranks)
+    assert straggler is not None and straggler.rank == 1
+    assert straggler.median_step_time_s == pytest.approx(0.006) and straggler.ratio == 10.0
+    # Without step times the floor is 1 ms.
+    bare = [
+        rank(0, step_time=None).model_copy(update={"compute_s": 0.0}),
+        rank(1, step_time=None).model_copy(update={"compute_s": 0.004}),
+    ]
+    straggler = find_straggler(bare)
+    assert straggler is not None and straggler.ratio == 4.0
+    # A few ms of noise over a zero compute in a 100 ms step is no straggler.
+    noise = [rank(0, step_time=0.1, coll=0.1), rank(1, step_time=0.1, coll=0.095)]
+    assert find_straggler(noise) is None
+
+
+def test_a_silent_rank_is_the_culprit_and_the_countdown_runs_with_the_wait() -> None:
+    # Rank 1 was stopped (SIGSTOP): no heartbeat for 3 s; its last one said it was in a
+    # collective, which is stale. Rank 0 has waited in DDP's all-reduce for 2.9 s.
+    def ranks(later: float) -> list[RankView]:
+        return [
+            rank(0, phase="collective", progress=3.0 + later, phase_for=2.9 + later, beat=0.3),
+            rank(1, phase="collective", progress=3.1 + later, phase_for=3.5, beat=3.0 + later),
+        ]
+
+    stall = find_stall(ranks(0.0), "gloo", timeout_s=120)
+    assert stall is not None and stall.rank == 1
+    assert stall.countdown_s == 117.1 and stall.stuck_for_s == 3.1
+    assert "rank 1 has sent no heartbeat for 3.0s" in stall.why
+    later = find_stall(ranks(2.0), "gloo", timeout_s=120)
+    assert later is not None and later.rank == 1 and later.countdown_s == 115.1
+    h = health(ranks(0.0), timeout_s=120.0)
+    assert h.verdict == "stalled" and h.ranks[1].stalled and not h.ranks[0].stalled
+
+
+def test_an_ended_run_has_its_final_verdict_and_nothing_live() -> None:
+    # What the ranks last said looks stalled (and rank 1 slow); the run has ended.
+    ranks = [
+        rank(0, phase="collective", progress=50.0, phase_for=50.0, beat=40.0, coll=0.09),
+        rank(1, phase="compute", progress=50.0, beat=40.0, coll=0.0),
+    ]
+    assert health(ranks).verdict == "stalled"  # while it runs, this is a stall
+    for state, verdict, why in [
+        (RunState.SUCCEEDED, "ok", "the run succeeded"),
+        (RunState.FAILED, "failed", "the run failed"),
+        (RunState.STOPPED, "idle", "the run was stopped"),
+    ]:
+        h = health(ranks, state=state)
+        assert (h.verdict, h.reasons) == (verdict, [why])
+        assert h.stall is None and h.straggler is None
+        assert not any(r.stalled or r.straggler for r in h.ranks)

@@ -1,0 +1,136 @@
+"""Health under a frozen rank: a real 2-rank DDP run (gloo) under a real daemon, one of its
+ranks stopped with SIGSTOP and woken with SIGCONT.
+
+A stopped rank cannot say anything (its heartbeat thread is frozen with it), so the daemon
+has to work it out from the others: the healthy rank waits in DDP's gradient all-reduce,
+and health must name the stopped rank and count down to the collective timeout. Once the
+rank runs again, the step it was frozen in must not make it read as a straggler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psutil
+import pytest
+
+from gpud.protocol import RUN_HEALTH, RunRef
+from gpud.runmodel import HealthSummary
+from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.runs import FAST, launch, nothing_left, ranks_of, wait_for_step
+
+pytestmark = pytest.mark.faults
+
+TIMEOUT_S = 120
+SLOW = "args=[--width, '1024', --depth, '4', --log-every, '5']"
+
+
+def read_health(daemon: RunningDaemon, run_id: str) -> HealthSummary:
+    """What `gpuctl health` reads: the daemon's latest summary."""
+    with daemon.client() as client:
+        reply = client.call(RUN_HEALTH, RunRef(run=run_id))
+    assert isinstance(reply, HealthSummary)
+    return reply
+
+
+def until(
+    daemon: RunningDaemon,
+    run_id: str,
+    ok: Callable[[HealthSummary], bool],
+    timeout: float,
+    what: str,
+) -> HealthSummary:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = read_health(daemon, run_id)
+        if ok(last):
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"health never showed {what} in {timeout:.0f}s; last: {last}")
+
+
+@contextmanager
+def running_ddp(daemon: RunningDaemon, args: str = FAST) -> Iterator[tuple[str, psutil.Process]]:
+    """A 2-rank DDP run past its start-up, healthy, and the process of its rank 1; stopped
+    at the end whatever happened (a daemon leaves its runs running when it exits)."""
+    run_id = launch(daemon, args, "training.max_steps=100000", f"nccl.timeout_s={TIMEOUT_S}")
+    try:
+        wait_for_step(daemon, run_id, 10)
+        until(
+            daemon,
+            run_id,
+            lambda h: h.verdict == "ok" and all(r.compute_s is not None for r in h.ranks),
+            30,
+            "a healthy start: every rank has reported its steps",
+        )
+        workers = ranks_of(run_id)
+        assert sorted(workers) == [0, 1], workers
+        yield run_id, workers[1]
+    finally:
+        stopped = gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    nothing_left(run_id)
+
+
+def test_a_stopped_rank_is_the_stall_culprit_and_the_countdown_moves(
+    daemon: RunningDaemon,
+) -> None:
+    with running_ddp(daemon) as (run_id, victim):
+        victim.suspend()  # SIGSTOP: every thread of the rank, its heartbeats too
+        try:
+            stalled = until(
+                daemon,
+                run_id,
+                lambda h: h.stall is not None and h.stall.rank == 1,
+                10,
+                "a stall with rank 1 as its culprit",
+            )
+            time.sleep(2.0)
+            later = read_health(daemon, run_id)
+        finally:
+            victim.resume()
+    assert stalled.verdict == "stalled", stalled.reasons
+    assert stalled.ranks[1].pid == victim.pid
+    assert stalled.ranks[1].stalled and not stalled.ranks[0].stalled
+    # rank 0 is blocked in DDP's gradient all-reduce (or the library's stop agreement): it
+    # says so from the moment it entered, not only once the collective completes.
+    assert stalled.ranks[0].phase == "collective", stalled.ranks[0]
+    assert stalled.ranks[0].phase_for_s > 0.5, stalled.ranks[0]
+    first = stalled.stall
+    assert first is not None and first.timeout_s == TIMEOUT_S
+    assert first.countdown_s < TIMEOUT_S, first
+    # Two seconds on, the same culprit, and the countdown ran with the time rank 0 waited.
+    assert later.stall is not None and later.stall.rank == 1, later.stall
+    assert first.countdown_s - 4.0 < later.stall.countdown_s < first.countdown_s - 0.8, (
+        first,
+        later.stall,
+    )
+    assert later.stall.stuck_for_s > first.stuck_for_s + 1.0
+
+
+def test_a_rank_resumed_after_a_pause_is_not_a_straggler(daemon: RunningDaemon) -> None:
+    # Steps of a few hundred ms: a heartbeat sees few steps, so whatever a measurement
+    # keeps of the frozen step shows in many heartbeats.
+    with running_ddp(daemon, SLOW) as (run_id, victim):
+        victim.suspend()
+        try:
+            until(daemon, run_id, lambda h: h.verdict == "stalled", 10, "a stall")
+            time.sleep(3.0)  # one very long step on rank 1 (and a long wait on rank 0)
+        finally:
+            victim.resume()
+        until(daemon, run_id, lambda h: h.verdict == "ok", 10, "OK again after SIGCONT")
+        # The step rank 1 was frozen in is not how fast it computes: no straggler, once.
+        reads = []
+        deadline = time.monotonic() + 8.0
+        while time.monotonic() < deadline:
+            reads.append(read_health(daemon, run_id))
+            time.sleep(0.25)
+    flagged = [(h.straggler, h.reasons) for h in reads if h.straggler or h.verdict != "ok"]
+    assert not flagged, flagged
+    assert len(reads) > 10
+    # Training went on all along: these were reads of a live run, not of a stuck one.
+    steps = [h.ranks[1].last_step or 0 for h in reads]
+    assert steps[-1] > steps[0] + 5, steps

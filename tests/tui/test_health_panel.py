@@ -1,0 +1,86 @@
+"""An ended run shows how it ended, never the live health it last had: a run whose last
+health said STALLED with a countdown (published while it ran) shows "ENDED: succeeded" or
+"FAILED: <reason>" once it ended, and no countdown, stall or straggler."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpud.runmodel import HealthSummary, RankView, RunState, Stall, Straggler
+from tests.tui import scenes
+from tests.tui.screen import screen_text
+from tui.app import GpuTop
+from tui.model.fleet import FleetModel
+from tui.screens.run import RunScreen
+
+RUN = "cpu-ddp-7c8d9e"
+NODE = "tcp://10.0.0.1:7711"
+
+
+def last_health_stalled() -> HealthSummary:
+    """What the daemon published a moment before the run ended."""
+    ranks = [
+        RankView(rank=0, node_rank=0, local_rank=0, last_step=99, heartbeat_age_s=0.3,
+                 phase="collective", phase_for_s=12.0),
+        RankView(rank=1, node_rank=0, local_rank=1, last_step=99, heartbeat_age_s=0.3,
+                 stalled=True, straggler=True),
+    ]  # fmt: skip
+    return HealthSummary(
+        run_id=RUN,
+        attempt=1,
+        time=scenes.T0,
+        verdict="stalled",
+        reasons=["rank 1 has not finished step 101 for 12.0s while 1 rank(s) wait"],
+        backend="gloo",
+        world_size=2,
+        ranks=ranks,
+        straggler=Straggler(rank=1, step_time_s=0.2, median_step_time_s=0.05, ratio=4.0),
+        stall=Stall(rank=1, stuck_for_s=12.0, timeout_s=1800, countdown_s=1788, why="rank 1 …"),
+    )
+
+
+def model(state: RunState, reason: str | None) -> FleetModel:
+    fleet = FleetModel(
+        [scenes.target(1, "n1")], clock=scenes.FixedClock(), wall=scenes.FixedClock(scenes.T0)
+    )
+    summary = scenes.summary(RUN, [NODE], state=state, attempt=1, step=99)
+    summary = summary.model_copy(update={"reason": reason, "max_steps": 100})
+    fleet.apply_health(last_health_stalled())
+    fleet.apply_event(NODE, scenes.event(f"run.{RUN}.state", summary))
+    return fleet
+
+
+async def run_screen(fleet: FleetModel) -> str:
+    gputop = GpuTop(fleet, refresh_s=3600, start_run=RUN)
+    async with gputop.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert isinstance(gputop.screen, RunScreen)
+        return screen_text(gputop)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("state", "reason", "shown"),
+    [
+        (RunState.SUCCEEDED, "exit 0", ["ENDED: succeeded"]),
+        (RunState.FAILED, "rank 1 exited with code 1", ["FAILED", "rank 1 exited with code 1"]),
+        (RunState.STOPPED, "by the operator", ["ENDED: stopped", "by the operator"]),
+    ],
+)
+async def test_an_ended_run_shows_its_end_and_no_countdown(
+    state: RunState, reason: str, shown: list[str]
+) -> None:
+    text = await run_screen(model(state, reason))
+    panel = text[text.index("health · gloo") :]
+    for line in shown:
+        assert line in panel, text
+    for live in ("STALLED", "timeout in", "stuck:", "straggler", "✗"):
+        assert live not in text, (live, text)
+
+
+@pytest.mark.asyncio
+async def test_a_running_run_with_the_same_health_shows_the_stall_and_its_countdown() -> None:
+    assert model(RunState.RUNNING, None).runs[RUN].ending() is None
+    text = await run_screen(model(RunState.RUNNING, None))
+    assert "STALLED" in text and "timeout in 29m" in text and "straggler: rank 1" in text
+    assert "ENDED" not in text
