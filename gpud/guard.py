@@ -197,18 +197,22 @@ class ConnectionGuard:
         if conn.key is None:
             conn.key = _user_id(frames[-1])
 
-    def subscription(self, frame: zmq.Frame) -> None:
-        """An XPUB notification: `\\x01topic` subscribed, `\\x00topic` cancelled."""
+    def subscription(self, frame: zmq.Frame) -> bool:
+        """An XPUB notification: `\\x01topic` subscribed, `\\x00topic` cancelled.
+
+        Returns whether to apply it: False once its connection is over its allowance (and
+        cut). Connections the guard does not measure (ipc://) are always allowed.
+        """
         fd = _source_fd(frame)
         if fd is None:
-            return
+            return True
         conn = self._conn(fd)
         data = frame.bytes
         conn.accounted += len(data) + FRAME_OVERHEAD
         if conn.key is None:
             conn.key = _user_id(frame)
         if not data:
-            return
+            return False
         topic = data[1:]
         if data[0] == 1:
             conn.topics[topic] = conn.topics.get(topic, 0) + 1
@@ -221,7 +225,8 @@ class ConnectionGuard:
         limits = self.limits
         if len(topic) > limits.longest_subscription:
             self._cut(conn, f"a subscription of {len(topic)} bytes (topics are short)")
-        elif (
+            return False
+        if (
             conn.subscriptions > limits.subscriptions
             or conn.topic_bytes > limits.subscription_bytes
         ):
@@ -230,6 +235,8 @@ class ConnectionGuard:
                 f"{conn.subscriptions} subscriptions ({conn.topic_bytes} bytes) over the "
                 f"allowance of {limits.subscriptions} ({limits.subscription_bytes} bytes)",
             )
+            return False
+        return True
 
     # ------------------------------------------------------------------ checking
 

@@ -1,10 +1,10 @@
 """The events socket: every topic gets its own sequence number, so gaps are visible.
 
-An XPUB socket, so the daemon sees every subscription a viewer sends (with the connection
-it came on) and the guard can bound what subscribers make it hold: a subscription longer
-than MAX_FRAME is refused by the socket itself, and a connection with a subscription
-longer than MAX_SUBSCRIPTION_BYTES, or more subscriptions than its allowance, is cut
-(`gpud.guard`). Publishing never blocks: a
+An XPUB socket in manual mode, so the daemon sees every subscription a viewer sends (with
+the connection it came on) before libzmq stores any of it, and applies only those the
+guard allows: a subscription longer than MAX_FRAME is refused by the socket itself, and a
+connection with a subscription longer than MAX_SUBSCRIPTION_BYTES, or more subscriptions
+than its allowance, is cut (`gpud.guard`). Publishing never blocks: a
 subscriber over its high-water mark misses telemetry, the daemon does not grow.
 """
 
@@ -25,6 +25,8 @@ log = logging.getLogger("gpud.events")
 
 #: Messages queued per subscriber before the oldest telemetry is dropped for it.
 SUBSCRIBER_HWM = 1000
+#: Messages from one subscriber that libzmq reads ahead of the daemon (see configure_pub).
+SUBSCRIPTIONS_QUEUED = 16
 #: The longest topic prefix anyone needs: "run." + a 128-character run id + ".metrics".
 MAX_SUBSCRIPTION_BYTES = 256
 #: Largest frame the socket reads at all: room for the CURVE handshake (its INITIATE
@@ -45,6 +47,14 @@ def configure_pub(sock: zmq.Socket[Any]) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
     sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, duplicates included
     sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # and every cancellation
+    # libzmq files nothing itself: a subscription takes effect only once the daemon has
+    # checked it and applies it (`_subscription`), so no trie node is ever allocated for
+    # one the guard refuses.
+    sock.setsockopt(zmq.XPUB_MANUAL, 1)
+    # What a subscriber sends waits in a pipe of this many messages before the daemon reads
+    # it; libzmq stops reading the connection while the pipe is full, so a flood of
+    # subscriptions is held to a few dozen messages until the guard has seen it.
+    sock.setsockopt(zmq.RCVHWM, SUBSCRIPTIONS_QUEUED)
     sock.setsockopt(zmq.LINGER, 0)
 
 
@@ -71,6 +81,17 @@ class EventPublisher:
         await self._drain.serve()
 
     def _subscription(self, frames: Frames) -> None:
-        if self._guard is not None:
-            for frame in frames:
-                self._guard.subscription(frame)
+        """Check one message up the XPUB and apply it if it is a subscription within the
+        connection's allowance. In manual mode libzmq applies (un)subscribe options to the
+        connection of the message read last: this runs before the next one is read."""
+        for frame in frames:
+            if self._guard is not None and not self._guard.subscription(frame):
+                continue
+            data = frame.bytes
+            if not data or data[0] not in (0, 1):
+                continue  # not a subscription: data sent up an XSUB, ignored
+            option = zmq.SUBSCRIBE if data[0] == 1 else zmq.UNSUBSCRIBE
+            try:
+                self._sock.setsockopt(option, data[1:])
+            except zmq.ZMQError as exc:
+                log.debug("subscription not applied: %s", exc)
