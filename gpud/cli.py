@@ -61,6 +61,13 @@ def main() -> None:
     help="Serve N simulated GPUs (flagged simulated everywhere).",
 )
 @click.option(
+    "--simulate-foreign",
+    multiple=True,
+    metavar="GPU:PID",
+    help="With --simulate-gpus: show process PID on simulated GPU GPU as a process outside"
+    " gpud holding memory (for tests and demos of shared boxes; repeatable).",
+)
+@click.option(
     "--insecure",
     envvar="GPUD_INSECURE",
     is_flag=True,

@@ -206,7 +206,11 @@ class Daemon:
         )
         self._guards = [control_guard, events_guard]
         self._publisher = EventPublisher(self._events_sock, events_guard)
-        loads = SimulatedLoads(self._active_shims, s.simulate_gpus) if s.simulate_gpus else None
+        loads = (
+            SimulatedLoads(self._active_shims, s.simulate_gpus, s.foreign_processes())
+            if s.simulate_gpus
+            else None
+        )
         gpus = open_gpu_sampler(s.simulate_gpus, s.node_name, clock=self._clock, loads=loads)
         self._sampler = NodeSampler(s.node_name, gpus, HostSampler(), s.interval, self._clock)
         self._latest = self._sampler.sample()

@@ -251,6 +251,7 @@ class PartView(Reading):
     reason: str | None = None
     seen_at: float | None = None
     error: str | None = Field(None, description="why the node could not be asked")
+    gpus: list[int] = Field(default_factory=list, description="GPU indices the part holds")
 
 
 class RunSummary(Reading):
@@ -265,6 +266,9 @@ class RunSummary(Reading):
     node_rank: int
     nodes: list[NodeRef]
     nproc: int | None = Field(None, description="processes on this node (current attempt)")
+    gpus: list[int] = Field(
+        default_factory=list, description="GPU indices leased on this node (current attempt)"
+    )
     launcher: str
     last_step: int | None = Field(
         None, description="0-based index of the last completed step (the trainer's loop index)"
@@ -287,6 +291,9 @@ class PartPlan(Reading):
 
     node_rank: int
     node: str
+    gpus: list[int] = Field(
+        default_factory=list, description="GPU indices the part gets here (none on CPU)"
+    )
     argv: list[str]
     env: dict[str, str]
     cwd: str

@@ -119,6 +119,10 @@ class AttemptRecord(Reading):
     master_port: int
     nproc: int
     attempt_dir: str
+    gpus: list[int] = Field(
+        default_factory=list, description="GPU indices leased to this part (none on CPU)"
+    )
+    gpu_uuids: list[str] = Field(default_factory=list, description="the same GPUs by UUID")
     resume_from: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
@@ -431,3 +435,20 @@ class HealthSummary(Reading):
     nccl_warnings: int = 0
     last_nccl_warning: str | None = None
     gpu_trouble: list[GpuTrouble] = Field(default_factory=list)
+
+
+def gpus_text(gpus: list[int]) -> str:
+    """GPU indices for people: `0-3`, `0,2,5`, `0-3,6` ("-" for none)."""
+    if not gpus:
+        return "-"
+    parts: list[str] = []
+    ordered = sorted(set(gpus))
+    start = prev = ordered[0]
+    for index in [*ordered[1:], None]:
+        if index is not None and index == prev + 1:
+            prev = index
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if index is not None:
+            start = prev = index
+    return ",".join(parts)

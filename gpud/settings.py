@@ -44,6 +44,10 @@ class ServeSettings(BaseModel):
     node_name: str = Field(default_factory=default_node_name, description="name in topics/UI")
     interval: float = Field(1.0, gt=0.0, le=3600.0, description="seconds between snapshots")
     simulate_gpus: int | None = Field(None, ge=1, le=1024, description="simulate N GPUs")
+    simulate_foreign: list[str] = Field(
+        default_factory=list,
+        description="GPU:PID: a process outside gpud on a simulated GPU (needs simulate_gpus)",
+    )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")
 
@@ -54,6 +58,23 @@ class ServeSettings(BaseModel):
             return parse_endpoint(value)
         except AddressError as exc:
             raise ValueError(str(exc)) from None
+
+    @field_validator("simulate_foreign")
+    @classmethod
+    def _foreign(cls, value: list[str]) -> list[str]:
+        for item in value:
+            gpu, _, pid = item.partition(":")
+            if not (gpu.isdigit() and pid.isdigit()):
+                raise ValueError(f"{item!r}: expected GPU:PID, e.g. 2:1234")
+        return value
+
+    def foreign_processes(self) -> dict[int, list[int]]:
+        """simulate_foreign as GPU index → pids."""
+        found: dict[int, list[int]] = {}
+        for item in self.simulate_foreign:
+            gpu, _, pid = item.partition(":")
+            found.setdefault(int(gpu), []).append(int(pid))
+        return found
 
     @field_validator("node_name")
     @classmethod
@@ -83,6 +104,13 @@ class ServeSettings(BaseModel):
                 )
         if self.control == self.events:
             raise ValueError("control and events need different addresses")
+        if self.simulate_foreign:
+            beyond = [g for g in self.foreign_processes() if g >= (self.simulate_gpus or 0)]
+            if not self.simulate_gpus or beyond:
+                raise ValueError(
+                    "--simulate-foreign needs --simulate-gpus with that GPU"
+                    f" (GPU {beyond[0] if beyond else 0})"
+                )
         return self
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import NamedTuple
 
 from gpud.runmodel import ACTIVE, AttemptRecord, MetricPoint, RunEvent, RunRecord
 from gpud.snapshot import NodeEvent
@@ -66,7 +67,30 @@ MIGRATIONS: tuple[str, ...] = (
         leased_at REAL NOT NULL
     );
     """,
+    """
+    CREATE TABLE gpu_leases (
+        uuid TEXT PRIMARY KEY,
+        gpu_index INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        leased_at REAL NOT NULL
+    );
+    CREATE INDEX gpu_leases_run ON gpu_leases(run_id);
+    """,
 )
+
+
+class GpuLease(NamedTuple):
+    """A GPU held by one attempt of a run's part on this node (by UUID: indices can move)."""
+
+    uuid: str
+    gpu_index: int
+    run_id: str
+    attempt: int
+
+
+class LeaseConflict(Exception):
+    """A GPU asked for is leased already: nothing of the request was leased."""
 
 
 class Store:
@@ -239,6 +263,39 @@ class Store:
 
     def release_ports(self, run_id: str) -> None:
         self._db.execute("DELETE FROM port_leases WHERE run_id = ?", (run_id,))
+
+    # ------------------------------------------------------------------ GPU leases
+
+    def gpu_leases(self) -> list[GpuLease]:
+        rows = self._db.execute(
+            "SELECT uuid, gpu_index, run_id, attempt FROM gpu_leases ORDER BY gpu_index"
+        ).fetchall()
+        return [GpuLease(str(u), int(i), str(r), int(a)) for u, i, r, a in rows]
+
+    def lease_gpus(
+        self, run_id: str, attempt: int, gpus: list[tuple[int, str]], now: float
+    ) -> None:
+        """Lease every GPU in `gpus` (index, uuid) to the attempt, or none of them: a GPU
+        leased already raises LeaseConflict (the UUID is the table's key, so no GPU is ever
+        leased twice, whoever asks)."""
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany(
+                    "INSERT INTO gpu_leases (uuid, gpu_index, run_id, attempt, leased_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    [(uuid, index, run_id, attempt, now) for index, uuid in gpus],
+                )
+        except sqlite3.IntegrityError:
+            raise LeaseConflict(f"a GPU of {[i for i, _ in gpus]} is leased already") from None
+
+    def release_gpus(self, run_id: str, attempt: int | None = None) -> None:
+        if attempt is None:
+            self._db.execute("DELETE FROM gpu_leases WHERE run_id = ?", (run_id,))
+        else:
+            self._db.execute(
+                "DELETE FROM gpu_leases WHERE run_id = ? AND attempt = ?", (run_id, attempt)
+            )
 
     def close(self) -> None:
         self._db.close()

@@ -64,6 +64,7 @@ class Placement:
     control: str  # zmq endpoint for GPUD_CONTROL
     resume_from: str | None  # checkpoint path when this attempt resumes, else None
     hints: TrainingHints  # spec.training after resolve_hints (auto already applied)
+    gpus: tuple[int, ...] = ()  # the GPU indices leased to this part (NVML order), if any
 
     def __post_init__(self) -> None:
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -87,12 +88,13 @@ class Command:
 # --------------------------------------------------------------------------- resolving "auto"
 
 
-def resolve_nproc(spec: RunSpec, gpu_count: int) -> int:
-    """Processes on a node: as many as it has GPUs, or one on a node without any."""
+def resolve_nproc(spec: RunSpec, gpu_count: int, leased: int = 0) -> int:
+    """Processes per node: the spec's number; for `auto`, one per GPU leased to the part
+    (else per real GPU, else 1)."""
     if spec.launcher is Launcher.PYTHON:
         return 1  # one process whatever the node has; the spec rejects anything else
     if spec.nproc_per_node == "auto":
-        return gpu_count or 1
+        return leased or gpu_count or 1
     return spec.nproc_per_node
 
 
@@ -167,12 +169,33 @@ def deepspeed_config(spec: RunSpec, place: Placement) -> dict[str, Any]:
     return _deep_merge(config, settings.extra)
 
 
+def _deepspeed_slots(place: Placement, rank: int) -> list[int]:
+    """The device slots node `rank` runs on. This node's are its leased GPUs; another
+    node's only count (each node's gpud starts its own part), so they are 0..nproc-1."""
+    if rank == place.node_rank and place.gpus:
+        return list(place.gpus)
+    return list(range(place.nproc_per_node))
+
+
 def _deepspeed_hostfile(place: Placement) -> str:
     # With --no_ssh, DeepSpeed's runner still sizes the world from a hostfile: without one
     # it fails for --num_nodes > 1 ("no extra nodes available via hostfile") and replaces
     # --master_addr with 127.0.0.1. Only the order and slot counts matter, not the names
-    # (nothing connects to them), so synthetic ones keep this independent of DNS.
-    return "".join(f"node{rank} slots={place.nproc_per_node}\n" for rank in range(place.nnodes))
+    # (nothing connects to them), so synthetic ones keep this independent of DNS. A node's
+    # slots must reach past its highest leased GPU for --include to name it.
+    return "".join(
+        f"node{rank} slots={max(_deepspeed_slots(place, rank)) + 1}\n"
+        for rank in range(place.nnodes)
+    )
+
+
+def _deepspeed_include(place: Placement) -> str:
+    """`--include node0:2,3@node1:0,1`: DeepSpeed's runner ignores CUDA_VISIBLE_DEVICES
+    when it is given a world, and sets it for each rank from this instead."""
+    return "@".join(
+        f"node{rank}:{','.join(map(str, _deepspeed_slots(place, rank)))}"
+        for rank in range(place.nnodes)
+    )
 
 
 # --------------------------------------------------------------------------- command lines
@@ -212,8 +235,12 @@ def _deepspeed_argv(spec: RunSpec, place: Placement) -> list[str]:
         "--no_ssh",
         f"--hostfile={place.attempt_dir}/{DEEPSPEED_HOSTFILE}",
         f"--node_rank={place.node_rank}",
-        f"--num_nodes={place.nnodes}",
-        f"--num_gpus={place.nproc_per_node}",
+        # --include and --num_nodes/--num_gpus are exclusive; leased GPUs need --include.
+        *(
+            [f"--include={_deepspeed_include(place)}"]
+            if place.gpus
+            else [f"--num_nodes={place.nnodes}", f"--num_gpus={place.nproc_per_node}"]
+        ),
         f"--master_addr={place.master_addr}",
         f"--master_port={place.master_port}",
         *_target(spec, "--module"),
@@ -296,6 +323,11 @@ def build_command(spec: RunSpec, place: Placement) -> Command:
     elif spec.launcher is Launcher.PYTHON:
         # What torchrun would give a single worker, so trainers need no special case.
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    if place.gpus:
+        # Indices as NVML (and so the lease) counts them, not CUDA's fastest-first order.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if spec.launcher is not Launcher.DEEPSPEED:  # DeepSpeed's runner: --include
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, place.gpus))
     # The user's own variables come last: they may tune any preset above.
     env.update(spec.env)
     cwd = spec.workdir or place.run_dir

@@ -220,6 +220,11 @@ class RunSpec(SpecModel):
     nproc_per_node: int | Literal["auto"] = Field(
         "auto", description="processes per node; auto: all GPUs, or 1 without GPUs"
     )
+    gpus: int | list[int | str] | Literal["all"] | None = Field(
+        None,
+        description="GPUs per node: a count, a list of indices or UUIDs, or all (default:"
+        " nproc_per_node of them, every free one for auto); leased to the run alone",
+    )
     launcher: Launcher = Launcher.TORCHRUN
     script: str | None = Field(None, description="script path (relative to workdir)")
     module: str | None = Field(None, description="python module to run instead of a script")
@@ -265,6 +270,32 @@ class RunSpec(SpecModel):
         ):
             return value
         raise ValueError(f"expected a positive number of processes or 'auto', got {value!r}")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if value is None or value == "all":
+            return value
+        if isinstance(value, str):  # "0,1,2,3", as the guides write --gpus
+            value = [int(e) if e.strip().isdigit() else e.strip() for e in value.split(",")]
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 1:
+                raise ValueError(f"expected at least 1 GPU, got {value}")
+            return value
+        if not isinstance(value, list) or not value:
+            raise ValueError(
+                f"expected a count, a list of GPU indices or UUIDs, or 'all'; got {value!r}"
+            )
+        seen: set[int | str] = set()
+        for entry in value:
+            ok_index = isinstance(entry, int) and not isinstance(entry, bool) and entry >= 0
+            ok_uuid = isinstance(entry, str) and entry.strip() != ""
+            if not (ok_index or ok_uuid):
+                raise ValueError(f"{entry!r} is neither a GPU index nor a UUID")
+            if entry in seen:
+                raise ValueError(f"GPU {entry!r} is listed twice")
+            seen.add(entry)
+        return value
 
     @field_validator("nodes")
     @classmethod

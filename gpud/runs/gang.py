@@ -74,6 +74,10 @@ class LocalParts(Protocol):
         resume_from: str | None,
     ) -> Part: ...
 
+    def check_gpus(self, run: RunRecord, spec: RunSpec) -> None:
+        """Raise the ProtocolError start_part would raise for this node's GPUs, if any."""
+        ...
+
     def stop_part(
         self,
         run: RunRecord,
@@ -175,6 +179,7 @@ class Gang:
             state=own.record.state if own else None,
             reason=own.record.reason if own else None,
             seen_at=self.book.clock(),
+            gpus=_held(own.record) if own else [],
         )
         view = self.views.get(run.id)
         others = list(view.parts.values()) if view is not None and run.is_coordinator else []
@@ -196,7 +201,7 @@ class Gang:
             elif isinstance(reply, AttemptRecord) and reply.attempt == run.attempt:
                 view.parts[rank] = old.model_copy(
                     update={"state": reply.state, "reason": reply.reason, "seen_at": now,
-                            "error": None}
+                            "error": None, "gpus": _held(reply)}
                 )  # fmt: skip
             else:  # it answered: about an older attempt, or with an error reply
                 error = str(reply) if isinstance(reply, ClientError) else None
@@ -383,6 +388,7 @@ class Gang:
         resume_from = find_checkpoint(run)
         own = self.book.part(run.id)
         master_addr = own.record.master_addr if own else "127.0.0.1"
+        self.local.check_gpus(run, spec)  # before anything of the attempt is set up
         try:
             port = pick_port(self.book.store.leased_ports())
         except NoFreePort as exc:
@@ -420,6 +426,11 @@ class Gang:
             await self.stop_peers(run, force=True, reason=message)
             raise ProtocolError(ErrorCode.UNAVAILABLE, message)
         return self.book.get(run.id) or run
+
+
+def _held(record: AttemptRecord) -> list[int]:
+    """The GPUs a part holds now: its lease, given back when it ended."""
+    return [] if record.state.terminal else list(record.gpus)
 
 
 def _each(body: Any) -> Callable[[int], Any]:

@@ -1,13 +1,17 @@
 """Runs as load on simulated GPUs, so a demo's GPU view moves with its training.
 
 Each rank of a running part (a process with LOCAL_RANK in its environment) is put on the
-simulated GPU of its local rank; its CPU use stands in for GPU utilization and its RSS
-for GPU memory. Only used with --simulate-gpus; real GPUs are read from NVML.
+simulated GPU it was given: entry LOCAL_RANK of its CUDA_VISIBLE_DEVICES (the part's
+lease), else the GPU of its local rank; its CPU use stands in for GPU utilization and its
+RSS for GPU memory. `foreign` puts processes outside gpud on chosen GPUs (`gpud serve
+--simulate-foreign GPU:PID`) with FOREIGN_MEMORY_BYTES each, so a shared box's notebook or
+hand-started job can be tested without a GPU. Only used with --simulate-gpus; real GPUs
+are read from NVML.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import psutil
 
@@ -15,25 +19,49 @@ from gpud.hardware.simulated import SimulatedLoad
 from gpud.runs import procs
 
 RSS_AS_GPU_MEMORY = 4  # a CPU rank's RSS is small next to a GPU's; scale it to look the part
+#: What a simulated foreign process holds: well over what makes a GPU busy.
+FOREIGN_MEMORY_BYTES = 2 * 2**30
 
 
 class SimulatedLoads:
     """Called from the sampler thread once per snapshot."""
 
-    def __init__(self, shims: Callable[[], Iterable[int | None]], gpu_count: int) -> None:
+    def __init__(
+        self,
+        shims: Callable[[], Iterable[int | None]],
+        gpu_count: int,
+        foreign: Mapping[int, list[int]] | None = None,
+    ) -> None:
         self._shims = shims
         self._gpu_count = gpu_count
+        self._foreign = dict(foreign or {})
         self._procs: dict[int, psutil.Process] = {}
 
-    def __call__(self) -> dict[int, list[SimulatedLoad]]:
+    def _foreign_loads(self) -> dict[int, list[SimulatedLoad]]:
         loads: dict[int, list[SimulatedLoad]] = {}
+        for gpu, pids in self._foreign.items():
+            for pid in pids:
+                try:
+                    name = psutil.Process(pid).name()
+                except psutil.Error:
+                    continue  # it ended: the GPU is free again
+                loads.setdefault(gpu, []).append(
+                    SimulatedLoad(pid=pid, name=name, used_memory_bytes=FOREIGN_MEMORY_BYTES,
+                                  busy_pct=50.0)
+                )  # fmt: skip
+        return loads
+
+    def __call__(self) -> dict[int, list[SimulatedLoad]]:
+        loads = self._foreign_loads()
         alive: dict[int, psutil.Process] = {}
         for shim in list(self._shims()):
             for proc in procs.tree(shim):
                 try:
-                    local = proc.environ().get("LOCAL_RANK")
+                    env = proc.environ()
+                    local = env.get("LOCAL_RANK")
                     if local is None or not local.isdigit():
                         continue
+                    gpu = _gpu_of(int(local), env.get("CUDA_VISIBLE_DEVICES"), self._gpu_count)
                     # Reuse the Process object: cpu_percent() measures since its last call.
                     tracked = self._procs.get(proc.pid, proc)
                     busy = min(100.0, tracked.cpu_percent(interval=None))
@@ -42,9 +70,19 @@ class SimulatedLoads:
                 except psutil.Error:
                     continue
                 alive[proc.pid] = tracked
-                gpu = int(local) % self._gpu_count
                 loads.setdefault(gpu, []).append(
                     SimulatedLoad(pid=proc.pid, name=name, used_memory_bytes=memory, busy_pct=busy)
                 )
         self._procs = alive
         return loads
+
+
+def _gpu_of(local_rank: int, visible: str | None, gpu_count: int) -> int:
+    """The simulated GPU a rank runs on: its entry of CUDA_VISIBLE_DEVICES, as CUDA picks
+    device LOCAL_RANK among the visible ones."""
+    devices = [d.strip() for d in (visible or "").split(",") if d.strip()]
+    if devices:
+        chosen = devices[local_rank % len(devices)]
+        if chosen.isdigit() and int(chosen) < gpu_count:
+            return int(chosen)
+    return local_rank % gpu_count

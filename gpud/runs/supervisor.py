@@ -55,6 +55,8 @@ from gpud.runmodel import (
 )
 from gpud.runs import gang
 from gpud.runs.book import Publish, RunBook, check_coordinator
+from gpud.runs.gpus import Gpu
+from gpud.runs.leases import GpuLeases
 from gpud.runs.logparse import MetricExtractor, classify, split_rank
 from gpud.runs.part import Outcome, Part
 from gpud.runs.ports import NoFreePort, pick_port
@@ -114,6 +116,7 @@ class Supervisor:
         self.book.on_ended.append(self.telemetry.final)
         self.gang = gang.Gang(self.book, self, keys, self.telemetry.set_peer_health)
         self.queries = Queries(self.book, self.gang, self.telemetry)
+        self.leases = GpuLeases(node, store, hardware, self._run_name, clock)
         self._extractors: dict[str, MetricExtractor] = {}
         self._last_stop_sent: dict[str, float] = {}
         self._last_pids: dict[str, float] = {}
@@ -141,7 +144,16 @@ class Supervisor:
             )
             self.book.event(run, "adopt", what)
             log.info("run %s: %s", run.id, "re-adopted" if alive else "settling after restart")
+        self.leases.sweep(
+            (run.id, part.record.attempt)
+            for run, part in self.book.parts()
+            if not part.record.state.terminal
+        )
         # Gang state (and restarts due) are recomputed on the next tick.
+
+    def _run_name(self, run_id: str | None) -> str | None:
+        run = self.book.known(run_id) if run_id else None
+        return run.name if run is not None else None
 
     # ================================================================== requests
 
@@ -161,6 +173,7 @@ class Supervisor:
         master_addr: str,
         master_port: int,
         resume_from: str | None,
+        gpus: list[Gpu],
     ) -> Placement:
         snapshot = self.hardware()
         real_gpus = len(snapshot.gpus) if snapshot.backend == "nvml" else 0
@@ -172,7 +185,7 @@ class Supervisor:
             node_name=self.node,
             node_rank=run.node_rank,
             nnodes=len(run.nodes),
-            nproc_per_node=resolve_nproc(spec, real_gpus),
+            nproc_per_node=resolve_nproc(spec, real_gpus, len(gpus)),
             master_addr=master_addr,
             master_port=master_port,
             gpu_count=real_gpus,
@@ -184,6 +197,7 @@ class Supervisor:
             control=self.ingest.control_endpoint,
             resume_from=resume_from,
             hints=resolve_hints(spec.training, recommendation),
+            gpus=tuple(g.index for g in gpus),
         )
 
     def _plan(self, run: RunRecord, spec: RunSpec, place: Placement) -> PartPlan:
@@ -191,6 +205,7 @@ class Supervisor:
         return PartPlan(
             node_rank=run.node_rank,
             node=self.node,
+            gpus=list(place.gpus),
             argv=command.argv,
             env=command.env,
             cwd=command.cwd,
@@ -227,8 +242,30 @@ class Supervisor:
         master_port: int,
         resume_from: str | None,
     ) -> Part:
-        """Start this node's part of an attempt (its shim, its torchrun)."""
-        place = self._placement(run, spec, attempt, master_addr, master_port, resume_from)
+        """Start this node's part of an attempt (its shim, its torchrun) on the GPUs it
+        leases here; raises a ProtocolError, with nothing leased, when it cannot have them."""
+        self.leases.release(run.id, attempt)  # a lease left by a start that failed
+        gpus = self.leases.take(run.id, run.name, spec, attempt)
+        try:
+            return self._start_part(run, spec, attempt, master_addr, master_port, resume_from, gpus)
+        except BaseException:
+            self.leases.release(run.id, attempt)
+            raise
+
+    def check_gpus(self, run: RunRecord, spec: RunSpec) -> None:
+        self.leases.choose(run.name, spec)
+
+    def _start_part(
+        self,
+        run: RunRecord,
+        spec: RunSpec,
+        attempt: int,
+        master_addr: str,
+        master_port: int,
+        resume_from: str | None,
+        gpus: list[Gpu],
+    ) -> Part:
+        place = self._placement(run, spec, attempt, master_addr, master_port, resume_from, gpus)
         command = build_command(spec, place)
         Path(run.run_dir).mkdir(parents=True, exist_ok=True)
         Path(run.checkpoint_dir).mkdir(parents=True, exist_ok=True)
@@ -243,6 +280,8 @@ class Supervisor:
             master_port=master_port,
             nproc=place.nproc_per_node,
             attempt_dir=place.attempt_dir,
+            gpus=[g.index for g in gpus],
+            gpu_uuids=[g.uuid for g in gpus],
             resume_from=resume_from,
         )
         part = Part(record, self.clock)
@@ -255,11 +294,12 @@ class Supervisor:
         self.book.add_part(part)
         self._extractors[run.id] = MetricExtractor([m.pattern for m in spec.metrics])
         resumed = f", resuming from {resume_from}" if resume_from else ""
+        on_gpus = f" (GPU {','.join(str(g.index) for g in gpus)})" if gpus else ""
         self.book.event(
             run,
             "attempt",
             f"attempt {attempt} started: {place.nproc_per_node} process(es)"
-            f" on {self.node}, master {master_addr}:{master_port}{resumed}",
+            f" on {self.node}{on_gpus}, master {master_addr}:{master_port}{resumed}",
         )
         return part
 
@@ -269,12 +309,13 @@ class Supervisor:
         master_addr = spec.master_addr or _host_of(nodes[0].control)
         run_id = f"{spec.name}-{secrets.token_hex(3)}"
         run = self._new_run(run_id, spec, nodes, node_rank=0)
+        gpus = self.leases.choose(spec.name, spec)  # refused here: nothing was set up
         try:
             port = pick_port(self.store.leased_ports())
         except NoFreePort as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
         if req.dry_run:
-            place = self._placement(run, spec, 1, master_addr, port, None)
+            place = self._placement(run, spec, 1, master_addr, port, None, gpus)
             return LaunchReply(
                 run=self.book.summary(run),
                 master_addr=master_addr,
@@ -297,8 +338,11 @@ class Supervisor:
         if self.book.known(req.run_id) is not None and not req.dry_run:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {req.run_id} already has a part here")
         run = self._new_run(req.run_id, spec, nodes, node_rank=req.node_rank, attempt=req.attempt)
+        gpus = self.leases.choose(spec.name, spec)
         if req.dry_run:
-            place = self._placement(run, spec, req.attempt, req.master_addr, req.master_port, None)
+            place = self._placement(
+                run, spec, req.attempt, req.master_addr, req.master_port, None, gpus
+            )
             return JoinReply(run=self.book.summary(run), plan=self._plan(run, spec, place))
         run = self.book.add(run)
         if nodes[0].server_key:
@@ -545,6 +589,9 @@ class Supervisor:
             ended_at=now,
         )
         await self._check_nothing_left(run, part)
+        # Every way a part ends comes through here; with nothing of it left, its GPUs are
+        # free again.
+        self.leases.release(run.id, part.record.attempt)
         if not run.is_coordinator and part.record.attempt == (self.book.get(run.id) or run).attempt:
             self.book.move(run.id, outcome.state, outcome.reason)
         # Node 0 folds this into the gang state on its next gang tick. A peer keeps the

@@ -39,7 +39,9 @@ def exit_code_for(error: BaseException) -> int:
     if isinstance(error, ConfigError):
         return EXIT_USAGE
     if isinstance(error, RequestFailed):
-        return EXIT_FAILED
+        # A request the daemon found invalid (a spec asking for GPUs the node lacks) is
+        # bad input, like a bad config: what to fix is in the message.
+        return EXIT_USAGE if error.code == "invalid_body" else EXIT_FAILED
     return EXIT_FAILED
 
 

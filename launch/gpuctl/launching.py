@@ -52,8 +52,10 @@ def render_plan(plan: PartPlan, address: str) -> str:
     """A shell-like rendering of what a node runs, for reading (never executed)."""
     env = " \\\n  ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
     files = "".join(f"\n# writes {name} into the attempt dir" for name in sorted(plan.files))
+    gpus = ",".join(map(str, plan.gpus)) if plan.gpus else "none (no GPUs here)"
     return (
         f"# node {plan.node_rank}: {plan.node} ({address})\n"
+        f"# GPUs: {gpus}\n"
         f"cd {shlex.quote(plan.cwd)}\n"
         f"env \\\n  {env} \\\n  {shlex.join(plan.argv)}{files}"
     )

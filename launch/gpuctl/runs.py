@@ -21,7 +21,7 @@ from gpud.protocol import (
     RunSummary,
     StopRequest,
 )
-from gpud.runmodel import RunState, steps_text
+from gpud.runmodel import RunState, gpus_text, steps_text
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -59,12 +59,15 @@ def ps_command(ctl: Ctl, active: bool) -> None:
         ctl.targets(), lambda client: client.call(RUN_LIST, ListRequest(active_only=active))
     )
     merged: dict[str, RunSummary] = {}
+    gpus: dict[str, dict[int, list[int]]] = {}  # run → node rank → GPUs held there
     for result in results:
         if isinstance(result.value, RunList):
             for run in result.value.runs:
                 # Node 0's record speaks for the whole gang.
                 if run.id not in merged or run.node_rank == 0:
                     merged[run.id] = run
+                if run.gpus:
+                    gpus.setdefault(run.id, {})[run.node_rank] = run.gpus
     runs = sorted(merged.values(), key=lambda r: r.created_at, reverse=True)
     if ctl.json:
         emit_json({"runs": runs})
@@ -75,6 +78,7 @@ def ps_command(ctl: Ctl, active: bool) -> None:
                 r.name,
                 r.state.value,
                 _shape(r),
+                _gpus_column(gpus.get(r.id, {})),
                 steps_text(r.steps_done, r.max_steps),
                 "-" if "loss" not in r.last_values else f"{r.last_values['loss']:.4f}",
                 str(r.attempt),
@@ -85,11 +89,30 @@ def ps_command(ctl: Ctl, active: bool) -> None:
         ]
         click.echo(
             table(
-                ["RUN", "NAME", "STATE", "NODES", "STEP", "LOSS", "ATTEMPT", "AGE", "REASON"], rows
+                [
+                    "RUN",
+                    "NAME",
+                    "STATE",
+                    "NODES",
+                    "GPUS",
+                    "STEP",
+                    "LOSS",
+                    "ATTEMPT",
+                    "AGE",
+                    "REASON",
+                ],
+                rows,
             )
         )
     report_errors(results)
     sys.exit(worst_exit_code(results))
+
+
+def _gpus_column(by_node: dict[int, list[int]]) -> str:
+    """The GPUs a run holds: `0-3` on one node, `n0:0-3 n1:4-7` on several."""
+    if len(by_node) <= 1:
+        return gpus_text(next(iter(by_node.values()), []))
+    return " ".join(f"n{rank}:{gpus_text(g)}" for rank, g in sorted(by_node.items()))
 
 
 @click.command("status")
@@ -116,12 +139,13 @@ def status_command(ctl: Ctl, run: str) -> None:
     lines += [
         "",
         table(
-            ["NODE", "ADDRESS", "STATE", "REASON"],
+            ["NODE", "ADDRESS", "STATE", "GPUS", "REASON"],
             [
                 [
                     str(p.node_rank),
                     p.node.control.removeprefix("tcp://"),
                     p.state.value if p.state else "?",
+                    gpus_text(p.gpus),
                     p.error or p.reason or "",
                 ]
                 for p in status.parts
@@ -132,12 +156,13 @@ def status_command(ctl: Ctl, run: str) -> None:
         lines += [
             "",
             table(
-                ["ATTEMPT", "STATE", "PORT", "EXIT", "REASON"],
+                ["ATTEMPT", "STATE", "PORT", "GPUS", "EXIT", "REASON"],
                 [
                     [
                         str(a.attempt),
                         a.state.value,
                         str(a.master_port),
+                        gpus_text(a.gpus),
                         _exit_text(a.exit.exit_code, a.exit.signal) if a.exit else "-",
                         a.reason or "",
                     ]

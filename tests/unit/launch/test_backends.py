@@ -178,6 +178,46 @@ def test_deepspeed_argv_and_hostfile_parse_with_deepspeeds_own_runner(
     assert list(pool.values()) == [4, 4]
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_deepspeed_on_leased_gpus_gets_include_that_its_runner_resolves(rank: int) -> None:
+    """DeepSpeed's runner ignores CUDA_VISIBLE_DEVICES once given a world: the lease goes
+    in --include, and the runner's own resolution gives this node exactly its GPUs."""
+    from deepspeed.launcher.runner import (
+        _parse_hostfile,
+        parse_args,
+        parse_inclusion_exclusion,
+    )
+
+    spec = make_spec(launcher="deepspeed", script="train.py", deepspeed={})
+    command = build(spec, **multinode(rank), gpus=(5, 6, 7, 4)[:4])
+    args = parse_args(command.argv[3:])
+    assert (args.num_nodes, args.num_gpus) == (-1, -1)  # exclusive with --include
+    assert "CUDA_VISIBLE_DEVICES" not in command.env
+    assert command.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    pool = _parse_hostfile(command.files["hostfile"].splitlines())
+    world = parse_inclusion_exclusion(pool, args.include, args.exclude)
+    mine, other = list(world)[rank], list(world)[1 - rank]
+    assert sorted(world[mine]) == [4, 5, 6, 7]
+    assert len(world[other]) == 4  # the other node's part: only its count matters here
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "python"])
+def test_leased_gpus_are_the_visible_devices_in_nvml_order(launcher: str) -> None:
+    nproc = 1 if launcher == "python" else 2
+    spec = make_spec(launcher=launcher, nproc_per_node=nproc)
+    command = build(spec, gpus=(2, 3), nproc_per_node=nproc)
+    assert command.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert command.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "CUDA_VISIBLE_DEVICES" not in build(spec, nproc_per_node=nproc).env  # no lease
+
+
+def test_auto_is_one_process_per_leased_gpu() -> None:
+    spec = make_spec(nproc_per_node="auto")
+    assert resolve_nproc(spec, gpu_count=8, leased=3) == 3
+    assert resolve_nproc(spec, gpu_count=0, leased=4) == 4  # simulated GPUs, leased
+    assert resolve_nproc(spec, gpu_count=0) == 1
+
+
 # --------------------------------------------------------------------------- accelerate
 
 

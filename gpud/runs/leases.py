@@ -1,0 +1,118 @@
+"""GPU leases on this node: which GPUs each run's part holds, kept in SQLite.
+
+A part leases its GPUs by UUID when it starts and gives them back when it ends, however it
+ends (`Supervisor._settle`). The store's key is the UUID, so no GPU is ever leased twice,
+across daemon restarts too. A GPU is busy when a lease holds it, or when a process outside
+gpud holds more than `gpus.FOREIGN_MEMORY_BYTES` on it (NVML's, or the simulated sampler's,
+process list); the choice itself is `gpud.runs.gpus.choose`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import psutil
+
+from gpud.protocol import ErrorCode, ProtocolError
+from gpud.runs.gpus import FOREIGN_MEMORY_BYTES, Gpu, GpuRequestError, GpusBusy, Holder, choose
+from gpud.snapshot import NodeSnapshot
+from gpud.store import LeaseConflict, Store
+from launch.spec import RunSpec
+
+log = logging.getLogger("gpud.runs")
+
+
+def _gpud_run_of(pid: int) -> str | None:
+    """The gpud run a process belongs to (its GPUD_RUN_ID), or None: a process outside."""
+    try:
+        return psutil.Process(pid).environ().get("GPUD_RUN_ID")
+    except psutil.Error:
+        return None
+
+
+class GpuLeases:
+    def __init__(
+        self,
+        node: str,
+        store: Store,
+        hardware: Callable[[], NodeSnapshot],
+        run_name: Callable[[str], str | None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.store = store
+        self.hardware = hardware
+        self.run_name = run_name
+        self.clock = clock
+
+    def gpus(self) -> list[Gpu]:
+        return [Gpu(g.index, g.uuid) for g in self.hardware().gpus if not g.lost]
+
+    def busy(self) -> dict[str, Holder]:
+        """Every busy GPU's UUID and who holds it."""
+        held = {
+            lease.uuid: Holder(run_id=lease.run_id, run_name=self.run_name(lease.run_id))
+            for lease in self.store.gpu_leases()
+        }
+        for gpu in self.hardware().gpus:
+            if gpu.uuid in held:
+                continue
+            for proc in gpu.processes or []:
+                if (proc.used_memory_bytes or 0) <= FOREIGN_MEMORY_BYTES:
+                    continue
+                run_id = _gpud_run_of(proc.pid)
+                held[gpu.uuid] = (
+                    Holder(run_id=run_id, run_name=self.run_name(run_id))
+                    if run_id is not None
+                    else Holder(pid=proc.pid, process=proc.name)
+                )
+                break
+        return held
+
+    def choose(self, run_name: str, spec: RunSpec) -> list[Gpu]:
+        """The GPUs this node would give the run now; raises a ProtocolError that says why
+        not: `invalid_body` for what the node can never give, `unavailable` when busy."""
+        gpus = self.gpus()
+        if not gpus and spec.gpus is None:
+            return []  # a node without GPUs (gloo on CPU): nothing to lease
+        try:
+            return choose(spec.gpus, spec.nproc_per_node, gpus, self.busy())
+        except GpuRequestError as exc:
+            raise ProtocolError(ErrorCode.INVALID_BODY, f"{self.node}: {exc}") from None
+        except GpusBusy as exc:
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, f"no GPUs for {run_name} on {self.node}: {exc}"
+            ) from None
+
+    def take(self, run_id: str, run_name: str, spec: RunSpec, attempt: int) -> list[Gpu]:
+        """Choose and lease, all or nothing."""
+        chosen = self.choose(run_name, spec)
+        if not chosen:
+            return []
+        try:
+            pairs = [(g.index, g.uuid) for g in chosen]
+            self.store.lease_gpus(run_id, attempt, pairs, self.clock())
+        except LeaseConflict as exc:  # only if two leases raced; the store keeps it honest
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, f"no GPUs for {run_name} on {self.node}: {exc}"
+            ) from None
+        log.info("run %s (attempt %d): leased GPU(s) %s", run_id, attempt, _indices(chosen))
+        return chosen
+
+    def release(self, run_id: str, attempt: int) -> None:
+        self.store.release_gpus(run_id, attempt)
+
+    def sweep(self, live: Iterable[tuple[str, int]]) -> None:
+        """At start-up: drop leases whose part is not live any more (it ended while the
+        daemon was down and its ending was already settled)."""
+        keep = set(live)
+        for lease in self.store.gpu_leases():
+            if (lease.run_id, lease.attempt) not in keep:
+                self.store.release_gpus(lease.run_id, lease.attempt)
+                log.info("run %s: released stale lease of GPU %d", lease.run_id, lease.gpu_index)
+
+
+def _indices(gpus: list[Gpu]) -> str:
+    return ",".join(str(g.index) for g in gpus)
