@@ -185,7 +185,7 @@ def test_a_finished_run_shows_the_same_steps_done_in_ps_status_and_health(
     (row,) = [r for r in json.loads(ctl("--json", "ps"))["runs"] if r["id"] == run_id]
     assert (row["last_step"], row["steps_done"], row["max_steps"]) == (steps - 1, steps, steps)
     (line,) = [line.split() for line in ctl("ps").splitlines() if line.startswith(run_id)]
-    assert line[2:5] == ["succeeded", "1x2", done]
+    assert line[2:6] == ["succeeded", "1x2", "-", done]  # an ended run holds no GPUs
     # status
     status = json.loads(ctl("--json", "status", run_id))
     assert (status["run"]["steps_done"], status["run"]["max_steps"]) == (steps, steps)
