@@ -137,6 +137,11 @@ class AttemptRecord(Reading):
     )
     log_offset: int = 0
 
+    @property
+    def held_gpus(self) -> list[int]:
+        """The GPUs the part holds now: its lease, given back when it ended."""
+        return [] if self.state.terminal else list(self.gpus)
+
 
 class AttemptChanges(TypedDict, total=False):
     """What may change in an `AttemptRecord` after it is created (see `Part.update`)."""

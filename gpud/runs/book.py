@@ -233,7 +233,7 @@ class RunBook:
             node_rank=run.node_rank,
             nodes=run.nodes,
             nproc=attempt.nproc if attempt else None,
-            gpus=list(attempt.gpus) if attempt and not attempt.state.terminal else [],
+            gpus=attempt.held_gpus if attempt else [],
             launcher=str(spec.get("launcher", "torchrun")),
             last_step=latest[0] if latest else run.last_step,
             max_steps=(spec.get("training") or {}).get("max_steps"),

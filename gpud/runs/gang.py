@@ -179,7 +179,7 @@ class Gang:
             state=own.record.state if own else None,
             reason=own.record.reason if own else None,
             seen_at=self.book.clock(),
-            gpus=_held(own.record) if own else [],
+            gpus=own.record.held_gpus if own else [],
         )
         view = self.views.get(run.id)
         others = list(view.parts.values()) if view is not None and run.is_coordinator else []
@@ -201,7 +201,7 @@ class Gang:
             elif isinstance(reply, AttemptRecord) and reply.attempt == run.attempt:
                 view.parts[rank] = old.model_copy(
                     update={"state": reply.state, "reason": reply.reason, "seen_at": now,
-                            "error": None, "gpus": _held(reply)}
+                            "error": None, "gpus": reply.held_gpus}
                 )  # fmt: skip
             else:  # it answered: about an older attempt, or with an error reply
                 error = str(reply) if isinstance(reply, ClientError) else None
@@ -426,11 +426,6 @@ class Gang:
             await self.stop_peers(run, force=True, reason=message)
             raise ProtocolError(ErrorCode.UNAVAILABLE, message)
         return self.book.get(run.id) or run
-
-
-def _held(record: AttemptRecord) -> list[int]:
-    """The GPUs a part holds now: its lease, given back when it ended."""
-    return [] if record.state.terminal else list(record.gpus)
 
 
 def _each(body: Any) -> Callable[[int], Any]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 import psutil
 
 from gpud.protocol import ErrorCode, ProtocolError
+from gpud.runmodel import gpus_text
 from gpud.runs.gpus import FOREIGN_MEMORY_BYTES, Gpu, GpuRequestError, GpusBusy, Holder, choose
 from gpud.snapshot import NodeSnapshot
 from gpud.store import LeaseConflict, Store
@@ -47,16 +48,13 @@ class GpuLeases:
         self.run_name = run_name
         self.clock = clock
 
-    def gpus(self) -> list[Gpu]:
-        return [Gpu(g.index, g.uuid) for g in self.hardware().gpus if not g.lost]
-
-    def busy(self) -> dict[str, Holder]:
+    def busy(self, snapshot: NodeSnapshot) -> dict[str, Holder]:
         """Every busy GPU's UUID and who holds it."""
         held = {
             lease.uuid: Holder(run_id=lease.run_id, run_name=self.run_name(lease.run_id))
             for lease in self.store.gpu_leases()
         }
-        for gpu in self.hardware().gpus:
+        for gpu in snapshot.gpus:
             if gpu.uuid in held:
                 continue
             for proc in gpu.processes or []:
@@ -74,11 +72,12 @@ class GpuLeases:
     def choose(self, run_name: str, spec: RunSpec) -> list[Gpu]:
         """The GPUs this node would give the run now; raises a ProtocolError that says why
         not: `invalid_body` for what the node can never give, `unavailable` when busy."""
-        gpus = self.gpus()
+        snapshot = self.hardware()
+        gpus = [Gpu(g.index, g.uuid) for g in snapshot.gpus if not g.lost]
         if not gpus and spec.gpus is None:
             return []  # a node without GPUs (gloo on CPU): nothing to lease
         try:
-            return choose(spec.gpus, spec.nproc_per_node, gpus, self.busy())
+            return choose(spec.gpus, spec.nproc_per_node, gpus, self.busy(snapshot))
         except GpuRequestError as exc:
             raise ProtocolError(ErrorCode.INVALID_BODY, f"{self.node}: {exc}") from None
         except GpusBusy as exc:
@@ -91,6 +90,7 @@ class GpuLeases:
         chosen = self.choose(run_name, spec)
         if not chosen:
             return []
+        indices = [g.index for g in chosen]
         try:
             pairs = [(g.index, g.uuid) for g in chosen]
             self.store.lease_gpus(run_id, attempt, pairs, self.clock())
@@ -98,7 +98,7 @@ class GpuLeases:
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"no GPUs for {run_name} on {self.node}: {exc}"
             ) from None
-        log.info("run %s (attempt %d): leased GPU(s) %s", run_id, attempt, _indices(chosen))
+        log.info("run %s (attempt %d): leased GPU(s) %s", run_id, attempt, gpus_text(indices))
         return chosen
 
     def release(self, run_id: str, attempt: int) -> None:
@@ -112,7 +112,3 @@ class GpuLeases:
             if (lease.run_id, lease.attempt) not in keep:
                 self.store.release_gpus(lease.run_id, lease.attempt)
                 log.info("run %s: released stale lease of GPU %d", lease.run_id, lease.gpu_index)
-
-
-def _indices(gpus: list[Gpu]) -> str:
-    return ",".join(str(g.index) for g in gpus)

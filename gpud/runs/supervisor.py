@@ -52,6 +52,7 @@ from gpud.runmodel import (
     RunRecord,
     RunState,
     TrainerMessage,
+    gpus_text,
 )
 from gpud.runs import gang
 from gpud.runs.book import Publish, RunBook, check_coordinator
@@ -244,7 +245,6 @@ class Supervisor:
     ) -> Part:
         """Start this node's part of an attempt (its shim, its torchrun) on the GPUs it
         leases here; raises a ProtocolError, with nothing leased, when it cannot have them."""
-        self.leases.release(run.id, attempt)  # a lease left by a start that failed
         gpus = self.leases.take(run.id, run.name, spec, attempt)
         try:
             return self._start_part(run, spec, attempt, master_addr, master_port, resume_from, gpus)
@@ -294,7 +294,7 @@ class Supervisor:
         self.book.add_part(part)
         self._extractors[run.id] = MetricExtractor([m.pattern for m in spec.metrics])
         resumed = f", resuming from {resume_from}" if resume_from else ""
-        on_gpus = f" (GPU {','.join(str(g.index) for g in gpus)})" if gpus else ""
+        on_gpus = f" (GPU {gpus_text(record.gpus)})" if gpus else ""
         self.book.event(
             run,
             "attempt",

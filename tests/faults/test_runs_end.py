@@ -63,14 +63,29 @@ def kill_daemon(daemon: RunningDaemon) -> None:
     daemon.proc.wait(timeout=10)
 
 
+def part_processes(daemon: RunningDaemon, run_id: str, node_rank: int) -> list[psutil.Process]:
+    """Everything of the run on one node besides its daemon: the shim and every rank."""
+    shim = status(daemon, run_id).attempts[-1].shim_pid
+    found = procs.tagged(run_id, node_rank=node_rank)
+    if shim is not None:
+        found.append(psutil.Process(shim))
+    return found
+
+
 def kill_node(daemon: RunningDaemon, run_id: str, node_rank: int) -> None:
     """The node dies whole: its daemon, its shim and every rank it ran."""
-    shim = status(daemon, run_id).attempts[-1].shim_pid
+    doomed = part_processes(daemon, run_id, node_rank)
     kill_daemon(daemon)
-    doomed = procs.tagged(run_id, node_rank=node_rank)
-    if shim is not None:
-        doomed.append(psutil.Process(shim))
     procs.send(doomed, signal.SIGKILL)
+
+
+def long_two_node_run(node0: RunningDaemon, node1: RunningDaemon, *sets: str) -> str:
+    """A run across both nodes that would go on for good, past its first steps."""
+    run_id = launch(
+        node0, FAST, "training.max_steps=100000", *sets, nodes=(node0.address, node1.address)
+    )
+    wait_for_step(node0, run_id, 3)
+    return run_id
 
 
 def steps_recorded(daemon: RunningDaemon, run_id: str) -> list[int]:
@@ -113,8 +128,7 @@ def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, v
 @pytest.mark.parametrize("rank", [1, 3], ids=["rank-on-node0", "rank-on-node1"])
 def test_a_killed_rank_fails_every_node_within_5s(daemons: Daemons, rank: int) -> None:
     node0, node1 = two_nodes(daemons)
-    run_id = launch(node0, FAST, "training.max_steps=100000", nodes=(node0.address, node1.address))
-    wait_for_step(node0, run_id, 3)
+    run_id = long_two_node_run(node0, node1)
     kill_rank(run_id, rank)
     killed_at = time.monotonic()
     s0 = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=30)
@@ -168,14 +182,7 @@ def test_a_node_killed_whole_ends_the_run_within_the_lost_timeout(daemons: Daemo
     sockets, so node 0's gloo ranks may abort before the lost timeout runs out: either
     way the run ends failed within lost_after_s + 10 s and node 1's part ends lost."""
     node0, node1 = two_nodes(daemons)
-    run_id = launch(
-        node0,
-        FAST,
-        "training.max_steps=100000",
-        "lost_after_s=5",
-        nodes=(node0.address, node1.address),
-    )
-    wait_for_step(node0, run_id, 3)
+    run_id = long_two_node_run(node0, node1, "lost_after_s=5")
     kill_node(node1, run_id, node_rank=1)
     killed_at = time.monotonic()
     s0 = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=60)
@@ -197,18 +204,8 @@ def test_a_frozen_node_is_lost_and_node0_stops_its_own_hanging_ranks(daemons: Da
     daemon and ranks are frozen with SIGSTOP, so node 0's ranks hang in gloo instead of
     erroring. Node 0 must call node 1 lost after lost_after_s and stop its own part."""
     node0, node1 = two_nodes(daemons)
-    run_id = launch(
-        node0,
-        FAST,
-        "training.max_steps=100000",
-        "lost_after_s=5",
-        nodes=(node0.address, node1.address),
-    )
-    wait_for_step(node0, run_id, 3)
-    shim = status(node1, run_id).attempts[-1].shim_pid
-    frozen = [psutil.Process(node1.proc.pid), *procs.tagged(run_id, node_rank=1)]
-    if shim is not None:
-        frozen.append(psutil.Process(shim))
+    run_id = long_two_node_run(node0, node1, "lost_after_s=5")
+    frozen = [psutil.Process(node1.proc.pid), *part_processes(node1, run_id, 1)]
     try:
         procs.send(frozen, signal.SIGSTOP)
         frozen_at = time.monotonic()
@@ -229,8 +226,7 @@ def test_a_frozen_node_is_lost_and_node0_stops_its_own_hanging_ranks(daemons: Da
 
 def test_a_forced_stop_returns_within_15s_when_a_node_is_gone(daemons: Daemons) -> None:
     node0, node1 = two_nodes(daemons)
-    run_id = launch(node0, FAST, "training.max_steps=100000", nodes=(node0.address, node1.address))
-    wait_for_step(node0, run_id, 3)
+    run_id = long_two_node_run(node0, node1)
     kill_node(node1, run_id, node_rank=1)
     started = time.monotonic()
     stop = gpuctl("--node", node0.address, "stop", run_id, "--force", timeout=60)
