@@ -167,4 +167,4 @@ def test_gpud_stop_stops_the_daemon_of_a_state_dir(daemon: RunningDaemon) -> Non
 
 
 def test_free_port_helper_gives_distinct_ports() -> None:
-    assert len({free_port() for _ in range(5)}) >= 4
+    assert len({free_port() for _ in range(50)}) == 50

@@ -16,10 +16,22 @@ from gpud.client import Client, ClientError, NodeTarget, resolve_target
 from gpud.keys import KeyPair
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and never handed out before in this process.
+
+    The kernel may give the same ephemeral port to two binds in a row (CI once
+    saw a daemon's control and events ports coincide), so remember what we gave.
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def run_cli(
