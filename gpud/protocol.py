@@ -177,6 +177,7 @@ class LaunchRequest(Message):
     spec: dict[str, Any] = Field(description="the run spec, resolved by gpuctl")
     nodes: list[NodeRefIn] = Field(min_length=1, max_length=4096)
     dry_run: bool = False
+    queue: bool = Field(False, description="wait in the queue when the GPUs are busy")
 
 
 class JoinRequest(Message):
@@ -187,9 +188,12 @@ class JoinRequest(Message):
     nodes: list[NodeRefIn] = Field(min_length=2, max_length=4096)
     node_rank: int = Field(ge=1)
     master_addr: str = Field(min_length=1, max_length=255)
-    master_port: int = Field(ge=1, le=65535)
+    master_port: int | None = Field(None, ge=1, le=65535, description="None: queued")
     attempt: int = Field(1, ge=1)
     dry_run: bool = False
+    queued_at: float | None = Field(
+        None, description="the run is queued on node 0 since then: join its queue, start nothing"
+    )
 
 
 class PartStartRequest(Message):
@@ -200,6 +204,30 @@ class PartStartRequest(Message):
     master_addr: str = Field(min_length=1, max_length=255)
     master_port: int = Field(ge=1, le=65535)
     resume_from: str | None = Field(None, max_length=4096)
+
+
+class PartReserveRequest(Message):
+    """node 0 → node N: lease this part's GPUs for the attempt, or say why not (all or
+    none: node 0 releases what the other nodes gave when one cannot)."""
+
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    attempt: int = Field(ge=1)
+    queued_at: float = Field(description="the run's place in every node's queue")
+    queue: bool = Field(False, description="the run waits in the queue if this fails")
+
+
+class PartReleaseRequest(Message):
+    """node 0 → node N: give back the attempt's reservation; `cancel`: the queued run was
+    stopped, so it leaves this node's queue too."""
+
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    attempt: int = Field(ge=1)
+    cancel: str | None = Field(None, max_length=500, description="why the run was cancelled")
+
+
+class PartReservation(Reading):
+    node: str
+    gpus: list[int] = Field(default_factory=list, description="GPU indices leased (or freed)")
 
 
 class PartStopRequest(Message):
@@ -226,7 +254,7 @@ class StopRequest(RunRef):
 
 
 class ResumeRequest(RunRef):
-    pass
+    queue: bool = Field(False, description="wait in the queue when the GPUs are busy")
 
 
 class ListRequest(Message):
@@ -277,6 +305,15 @@ class RunSummary(Reading):
     last_values: dict[str, float] = Field(default_factory=dict)
     last_checkpoint: CheckpointRef | None = None
     next_restart_at: float | None = None
+    queued_at: float | None = None
+    queue_position: int | None = Field(None, description="1: next in this node's queue")
+
+    @property
+    def state_label(self) -> str:
+        """The state as every view writes it: `queued #2` is second in this node's queue."""
+        if self.state is RunState.QUEUED and self.queue_position:
+            return f"queued #{self.queue_position}"
+        return self.state.value
 
     @computed_field(  # type: ignore[prop-decorator]
         description="steps done: last_step + 1; every view shows steps_done/max_steps"
@@ -303,7 +340,7 @@ class PartPlan(Reading):
 class LaunchReply(Reading):
     run: RunSummary
     master_addr: str
-    master_port: int
+    master_port: int | None = Field(None, description="None: queued, chosen when it starts")
     plan: PartPlan | None = None
 
 
@@ -413,6 +450,12 @@ PART_START = Method(
 PART_HEALTH = Method(
     "run.part.health", PartStatusRequest, PartHealth, Role.PEER, "coordinator: this part's ranks"
 )
+PART_RESERVE = Method(
+    "run.part.reserve", PartReserveRequest, PartReservation, Role.PEER, "coordinator: GPUs"
+)
+PART_RELEASE = Method(
+    "run.part.release", PartReleaseRequest, PartReservation, Role.PEER, "coordinator: GPUs"
+)
 PART_STOP = Method("run.part.stop", PartStopRequest, AttemptRecord, Role.PEER, "coordinator")
 PART_STATUS = Method("run.part.status", PartStatusRequest, AttemptRecord, Role.PEER, "coordinator")
 
@@ -434,6 +477,8 @@ METHODS: dict[str, Method[Any, Any]] = {
         RUN_HEALTH,
         PART_START,
         PART_HEALTH,
+        PART_RESERVE,
+        PART_RELEASE,
         PART_STOP,
         PART_STATUS,
     )

@@ -19,6 +19,7 @@ class RunState(str, Enum):
     """The state of a run, and of one node's part of it (`lost`: parts only)."""
 
     PENDING = "pending"
+    QUEUED = "queued"
     STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
@@ -44,8 +45,16 @@ _ENDINGS = frozenset({RunState.STOPPED, RunState.SUCCEEDED, RunState.FAILED, Run
 #: than the spec's `lost_after_s`; a run with a lost part ends `failed`.
 WITHIN: dict[RunState, frozenset[RunState]] = {
     RunState.PENDING: frozenset(
-        {RunState.STARTING, RunState.STOPPING, RunState.STOPPED, RunState.FAILED}
+        {
+            RunState.QUEUED,
+            RunState.STARTING,
+            RunState.STOPPING,
+            RunState.STOPPED,
+            RunState.FAILED,
+        }
     ),
+    # Waiting for its GPUs (issue 9): no part, no lease; it starts, or is cancelled.
+    RunState.QUEUED: frozenset({RunState.STARTING, RunState.STOPPED, RunState.FAILED}),
     RunState.STARTING: frozenset({RunState.RUNNING, RunState.STOPPING, *_ENDINGS}),
     RunState.RUNNING: frozenset({RunState.STOPPING, *_ENDINGS}),
     RunState.STOPPING: _ENDINGS,
@@ -59,14 +68,15 @@ WITHIN: dict[RunState, frozenset[RunState]] = {
 TERMINAL = frozenset(state for state, after in WITHIN.items() if not after)
 ACTIVE = frozenset(WITHIN) - TERMINAL
 
-#: Moves that open the next attempt: a resume (stopped or failed → starting), and an
-#: automatic restart (the failed attempt ends in `pending` until its backoff is over).
+#: Moves that open the next attempt: a resume (stopped or failed → starting, or → queued
+#: when its GPUs are busy), and an automatic restart (the failed attempt ends in `pending`
+#: until its backoff is over).
 NEXT_ATTEMPT: dict[RunState, frozenset[RunState]] = {
     RunState.STARTING: frozenset({RunState.PENDING}),
     RunState.RUNNING: frozenset({RunState.PENDING}),
     RunState.STOPPING: frozenset({RunState.PENDING}),
-    RunState.STOPPED: frozenset({RunState.PENDING, RunState.STARTING}),
-    RunState.FAILED: frozenset({RunState.PENDING, RunState.STARTING}),
+    RunState.STOPPED: frozenset({RunState.PENDING, RunState.QUEUED, RunState.STARTING}),
+    RunState.FAILED: frozenset({RunState.PENDING, RunState.QUEUED, RunState.STARTING}),
     RunState.PENDING: frozenset({RunState.STARTING}),
 }
 
@@ -182,6 +192,14 @@ class RunRecord(Reading):
     last_step: int | None = None
     stop_requested: bool = False
     next_restart_at: float | None = None
+    queued_at: float | None = Field(
+        None, description="when node 0 queued it: the run's place in every node's queue"
+    )
+
+    @property
+    def queue_key(self) -> tuple[float, str]:
+        """Its place in a node's queue: node 0's time, then the id (the same on every node)."""
+        return (self.queued_at or self.created_at, self.id)
 
     @property
     def is_coordinator(self) -> bool:
@@ -197,6 +215,7 @@ class RunChanges(TypedDict, total=False):
     last_step: int | None
     stop_requested: bool
     next_restart_at: float | None
+    queued_at: float | None
 
 
 class RunEvent(Reading):

@@ -87,6 +87,7 @@ class GpuLease(NamedTuple):
     gpu_index: int
     run_id: str
     attempt: int
+    leased_at: float = 0.0
 
 
 class LeaseConflict(Exception):
@@ -268,9 +269,9 @@ class Store:
 
     def gpu_leases(self) -> list[GpuLease]:
         rows = self._db.execute(
-            "SELECT uuid, gpu_index, run_id, attempt FROM gpu_leases ORDER BY gpu_index"
+            "SELECT uuid, gpu_index, run_id, attempt, leased_at FROM gpu_leases ORDER BY gpu_index"
         ).fetchall()
-        return [GpuLease(str(u), int(i), str(r), int(a)) for u, i, r, a in rows]
+        return [GpuLease(str(u), int(i), str(r), int(a), float(t)) for u, i, r, a, t in rows]
 
     def lease_gpus(
         self, run_id: str, attempt: int, gpus: list[tuple[int, str]], now: float

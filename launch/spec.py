@@ -225,6 +225,11 @@ class RunSpec(SpecModel):
         description="GPUs per node: a count, a list of indices or UUIDs, or all (default:"
         " nproc_per_node of them, every free one for auto); leased to the run alone",
     )
+    queue: bool = Field(
+        False,
+        description="when its GPUs are busy, wait in the node's queue (first come, first"
+        " served) instead of being refused; gpuctl launch --queue sets it too",
+    )
     launcher: Launcher = Launcher.TORCHRUN
     script: str | None = Field(None, description="script path (relative to workdir)")
     module: str | None = Field(None, description="python module to run instead of a script")

@@ -97,6 +97,15 @@ class RunBook:
             return named[0]
         raise ProtocolError(ErrorCode.NOT_FOUND, f"no run {ref!r} on node {self.node}")
 
+    def queue(self) -> list[RunRecord]:
+        """This node's queue: the runs waiting for GPUs here, first come first."""
+        waiting = [run for run in self._runs.values() if run.state is RunState.QUEUED]
+        return sorted(waiting, key=lambda run: run.queue_key)
+
+    def ahead_of(self, run: RunRecord, key: tuple[float, str]) -> list[RunRecord]:
+        """The queued runs here that come before `key` (other than the run itself)."""
+        return [r for r in self.queue() if r.id != run.id and r.queue_key < key]
+
     def known(self, run_id: str) -> RunRecord | None:
         """A run from memory or the store, without the not-found error."""
         return self._runs.get(run_id) or self.store.run(run_id)
@@ -240,4 +249,11 @@ class RunBook:
             last_values=latest[1] if latest else {},
             last_checkpoint=run.last_checkpoint,
             next_restart_at=run.next_restart_at,
+            queued_at=run.queued_at if run.state is RunState.QUEUED else None,
+            queue_position=self._position(run),
         )
+
+    def _position(self, run: RunRecord) -> int | None:
+        if run.state is not RunState.QUEUED:
+            return None
+        return 1 + len(self.ahead_of(run, run.queue_key))

@@ -7,6 +7,14 @@ attempts — for `resume` and for automatic restarts, by the same path. A restar
 lost node waits until every node answers again, and first stops what is left of the old
 attempt anywhere. Parts of ended runs whose node was lost are stopped when it comes back.
 
+Every attempt takes its GPUs on all nodes at once or not at all (`_reserve`): this node
+first, then every other node's reservation; if one cannot, the others are given back.
+A run that may wait (`queue`, or an automatic restart) is then `queued`, holds nothing,
+and is tried again every `QUEUE_RETRY_S` — so two queued multi-node runs never hold part of
+what the other needs. Each node serves its queue first come first served, by the time node
+0 queued the run (`RunRecord.queue_key`, the same on every node): the earliest run is
+never held up by a later one anywhere, so the queue cannot deadlock.
+
 The gang reads and writes runs only through the `RunBook`, and starts and stops this
 node's part through the narrow `LocalParts` interface the supervisor provides.
 """
@@ -20,17 +28,22 @@ import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
-from gpud.client import ClientError, Unreachable
+from gpud.client import ClientError, RequestFailed, Unreachable
 from gpud.keys import KeyPair
 from gpud.protocol import (
     PART_HEALTH,
+    PART_RELEASE,
+    PART_RESERVE,
     PART_START,
     PART_STATUS,
     PART_STOP,
     ErrorCode,
     Method,
     PartHealth,
+    PartReleaseRequest,
+    PartReserveRequest,
     PartStartRequest,
     PartStatusRequest,
     PartStopRequest,
@@ -42,6 +55,7 @@ from gpud.protocol import (
 from gpud.runmodel import AttemptRecord, MetricPoint, NodeRef, RunRecord, RunState
 from gpud.runs.book import RunBook
 from gpud.runs.decide import GangDecision, RestartPolicy, decide
+from gpud.runs.gpus import Gpu
 from gpud.runs.peers import PeerLink
 from gpud.runs.ports import NoFreePort, pick_port
 from launch.spec import RunSpec, parse_spec
@@ -59,6 +73,8 @@ ORPHAN_WATCH_S = 3600.0
 #: After SIGTERM, how long the ranks of a part stopped because the gang failed get
 #: before SIGKILL: they are most likely stuck in a collective with the dead ranks.
 FAILED_KILL_GRACE_S = 2.0
+#: How often node 0 tries again to start a queued run.
+QUEUE_RETRY_S = 1.0
 
 
 class LocalParts(Protocol):
@@ -74,8 +90,15 @@ class LocalParts(Protocol):
         resume_from: str | None,
     ) -> Part: ...
 
-    def check_gpus(self, run: RunRecord, spec: RunSpec) -> None:
-        """Raise the ProtocolError start_part would raise for this node's GPUs, if any."""
+    def reserve_gpus(
+        self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str]
+    ) -> list[Gpu]:
+        """Lease this node's GPUs for the attempt, or raise a ProtocolError that says why
+        not (`unavailable`: busy, or runs ahead of `key` in the queue)."""
+        ...
+
+    def release_gpus(self, run: RunRecord, attempt: int) -> None:
+        """Give back the attempt's reservation here (not GPUs a live part runs on)."""
         ...
 
     def stop_part(
@@ -124,6 +147,7 @@ class Gang:
         self._orphans: dict[str, tuple[float, set[int]]] = {}  # run → (ended at, lost ranks)
         self._orphan_poll = 0.0
         self._errands: set[asyncio.Task[list[int]]] = set()
+        self._queue_tried: dict[str, float] = {}  # queued run → when last tried
 
     def close(self) -> None:
         for link in self._links.values():
@@ -212,6 +236,12 @@ class Gang:
     async def tick(self, now: float) -> None:
         for run in self.book.runs():
             if not run.is_coordinator:
+                continue
+            if run.state is RunState.QUEUED:
+                tried = self._queue_tried.get(run.id, 0.0)
+                if now - tried >= QUEUE_RETRY_S and self._idle(run.id):
+                    self._queue_tried[run.id] = now
+                    self._background(run.id, self._start_queued(run.id))
                 continue
             if run.state is RunState.PENDING and run.next_restart_at is not None:
                 if now >= run.next_restart_at and self._idle(run.id):
@@ -357,9 +387,18 @@ class Gang:
             self.book.move(run.id, RunState.PENDING, f"restart waits: {waiting}")
             return
         try:
-            await self.start_attempt(run, why="automatic restart", automatic=True)
+            await self.start_attempt(run, why="automatic restart", automatic=True, queue=True)
         except ProtocolError as exc:
             log.error("run %s: restart failed: %s", run.id, exc.message)
+
+    async def _start_queued(self, run_id: str) -> None:
+        run = self.book.get(run_id)
+        if run is None or run.state is not RunState.QUEUED:
+            return
+        try:
+            await self.start_attempt(run, why="its GPUs are free", queue=True)
+        except ProtocolError as exc:
+            log.error("run %s: could not start from the queue: %s", run.id, exc.message)
 
     async def _old_attempt_left(self, run: RunRecord) -> str | None:
         """Why a new attempt cannot start yet (a silent node, a part still running)."""
@@ -381,17 +420,45 @@ class Gang:
             )
         return None
 
-    async def start_attempt(self, run: RunRecord, why: str, automatic: bool = False) -> RunRecord:
-        """A new attempt of the whole run, from the latest checkpoint: resume and restart."""
+    async def start_attempt(
+        self, run: RunRecord, why: str, automatic: bool = False, queue: bool = False
+    ) -> RunRecord:
+        """A new attempt of the whole run, from the latest checkpoint: resume, restart, and
+        a queued run's start. With its GPUs busy somewhere it is refused (ProtocolError
+        `unavailable`), or with `queue` it waits: the run is `queued`, holding nothing."""
         spec = parse_spec(run.spec)
-        attempt = run.attempt + 1
-        resume_from = find_checkpoint(run)
+        fresh = not self.book.store.attempts(run.id)  # queued at launch: nothing ran yet
+        attempt = run.attempt if fresh else run.attempt + 1
+        queued = run.state is RunState.QUEUED
+        key = run.queue_key if queued else (self.book.clock(), run.id)
+        refusal = await self._reserve(run, spec, attempt, key, queue)
+        current = self.book.get(run.id) or run
+        if current.state is not run.state or current.stop_requested != run.stop_requested:
+            await self._release(run, attempt)  # stopped (cancelled) while we asked
+            return current
+        if refusal is not None:
+            if not queue:
+                raise ProtocolError(ErrorCode.UNAVAILABLE, refusal)
+            waiting = f"waiting for GPUs: {refusal}"
+            if queued:
+                return self.book.move(run.id, RunState.QUEUED, waiting)
+            self.book.event(run, "queue", f"queued: {refusal}")
+            return self.book.move(
+                run.id,
+                RunState.QUEUED,
+                waiting,
+                next_attempt=True,
+                queued_at=key[0],
+                next_restart_at=None,
+            )
+        self._queue_tried.pop(run.id, None)
+        resume_from = None if fresh else find_checkpoint(run)
         own = self.book.part(run.id)
-        master_addr = own.record.master_addr if own else "127.0.0.1"
-        self.local.check_gpus(run, spec)  # before anything of the attempt is set up
+        master_addr = own.record.master_addr if own else master_host(spec, run.nodes)
         try:
             port = pick_port(self.book.store.leased_ports())
         except NoFreePort as exc:
+            await self._release(run, attempt)
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
         self.book.store.lease_port(port, run.id, attempt, self.book.clock())
         run = self.book.update(
@@ -426,6 +493,70 @@ class Gang:
             await self.stop_peers(run, force=True, reason=message)
             raise ProtocolError(ErrorCode.UNAVAILABLE, message)
         return self.book.get(run.id) or run
+
+    async def _reserve(
+        self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str], queue: bool
+    ) -> str | None:
+        """Lease the attempt's GPUs on every node, or on none: None, or why not.
+
+        A request no node could ever serve (a GPU it does not have) raises at once."""
+        try:
+            self.local.reserve_gpus(run, spec, attempt, key)
+        except ProtocolError as exc:
+            if exc.code is not ErrorCode.UNAVAILABLE:
+                raise
+            return exc.message
+        if len(run.nodes) < 2:
+            return None
+        request = PartReserveRequest(run_id=run.id, attempt=attempt, queued_at=key[0], queue=queue)
+        replies = await self._call(run, self._others(run), PART_RESERVE, _each(request))
+        refused = {r: reply for r, reply in replies.items() if isinstance(reply, ClientError)}
+        if not refused:
+            return None
+        granted = [r for r in replies if r not in refused]
+        self.local.release_gpus(run, attempt)
+        release = PartReleaseRequest(run_id=run.id, attempt=attempt)
+        await self._call(run, granted, PART_RELEASE, _each(release))
+        for rank, reply in refused.items():
+            if isinstance(reply, RequestFailed) and reply.code == ErrorCode.INVALID_BODY.value:
+                raise ProtocolError(ErrorCode.INVALID_BODY, f"node {rank}: {reply.message}")
+        return "; ".join(
+            f"node {rank}: {reply.message if isinstance(reply, RequestFailed) else reply}"
+            for rank, reply in sorted(refused.items())
+        )
+
+    async def _release(self, run: RunRecord, attempt: int, cancel: str | None = None) -> None:
+        """Give back the attempt's reservations on every node (and cancel the queued run
+        on the other nodes, with `cancel`)."""
+        self.local.release_gpus(run, attempt)
+        request = PartReleaseRequest(run_id=run.id, attempt=attempt, cancel=cancel)
+        replies = await self._call(run, self._others(run), PART_RELEASE, _each(request))
+        for rank, reply in replies.items():
+            if isinstance(reply, ClientError) and cancel:
+                self.book.event(
+                    run, "stop", f"could not tell node {rank} the run is cancelled: {reply}"
+                )
+
+    async def cancel(self, run: RunRecord, reason: str) -> RunRecord:
+        """Stop a queued run: it leaves every node's queue, and holds nothing anywhere."""
+        fresh = not self.book.store.attempts(run.id)
+        run = self.book.move(
+            run.id, RunState.STOPPED, f"{reason} (cancelled while queued)", stop_requested=True
+        )
+        self._queue_tried.pop(run.id, None)
+        await self._release(run, run.attempt if fresh else run.attempt + 1, cancel=reason)
+        return self.book.get(run.id) or run
+
+
+def master_host(spec: RunSpec, nodes: list[NodeRef]) -> str:
+    """The rendezvous host: the spec's, else node 0's host as gpuctl reaches it."""
+    if spec.master_addr:
+        return spec.master_addr
+    endpoint = nodes[0].control
+    if not endpoint.startswith("tcp://"):
+        return "127.0.0.1"
+    host = urlsplit(endpoint).hostname or "127.0.0.1"
+    return "127.0.0.1" if host in ("localhost", "0.0.0.0", "*") else host
 
 
 def _each(body: Any) -> Callable[[int], Any]:

@@ -5,6 +5,11 @@ ends (`Supervisor._settle`). The store's key is the UUID, so no GPU is ever leas
 across daemon restarts too. A GPU is busy when a lease holds it, or when a process outside
 gpud holds more than `gpus.FOREIGN_MEMORY_BYTES` on it (NVML's, or the simulated sampler's,
 process list); the choice itself is `gpud.runs.gpus.choose`.
+
+A multi-node run's GPUs are *reserved* first: node 0 asks every node to lease its part's
+GPUs for the coming attempt and starts the attempt only when all of them could (else it
+gives back what it got). The part that starts then uses its reservation. A reservation no
+part came to use (node 0 went away in between) expires after `RESERVATION_TTL_S`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from gpud.store import LeaseConflict, Store
 from launch.spec import RunSpec
 
 log = logging.getLogger("gpud.runs")
+
+#: How long a reservation waits for its part to start before it is given back.
+RESERVATION_TTL_S = 60.0
 
 
 def _gpud_run_of(pid: int) -> str | None:
@@ -85,8 +93,19 @@ class GpuLeases:
                 ErrorCode.UNAVAILABLE, f"no GPUs for {run_name} on {self.node}: {exc}"
             ) from None
 
+    def held(self, run_id: str, attempt: int) -> list[Gpu]:
+        """The GPUs leased to that attempt here (reserved, or held by its part)."""
+        return [
+            Gpu(lease.gpu_index, lease.uuid)
+            for lease in self.store.gpu_leases()
+            if lease.run_id == run_id and lease.attempt == attempt
+        ]
+
     def take(self, run_id: str, run_name: str, spec: RunSpec, attempt: int) -> list[Gpu]:
-        """Choose and lease, all or nothing."""
+        """The attempt's reservation if it has one, else choose and lease, all or nothing."""
+        reserved = self.held(run_id, attempt)
+        if reserved:
+            return reserved
         chosen = self.choose(run_name, spec)
         if not chosen:
             return []
@@ -101,8 +120,24 @@ class GpuLeases:
         log.info("run %s (attempt %d): leased GPU(s) %s", run_id, attempt, gpus_text(indices))
         return chosen
 
-    def release(self, run_id: str, attempt: int) -> None:
+    def release(self, run_id: str, attempt: int | None = None) -> None:
+        """Give back the attempt's GPUs (every attempt's, without one)."""
         self.store.release_gpus(run_id, attempt)
+
+    def expire(self, live: Iterable[tuple[str, int]], now: float) -> list[str]:
+        """Give back reservations that no live part uses and that are older than the TTL;
+        returns the run ids."""
+        keep = set(live)
+        expired = {
+            (lease.run_id, lease.attempt)
+            for lease in self.store.gpu_leases()
+            if (lease.run_id, lease.attempt) not in keep
+            and now - lease.leased_at > RESERVATION_TTL_S
+        }
+        for run_id, attempt in expired:
+            self.store.release_gpus(run_id, attempt)
+            log.warning("run %s: reservation for attempt %d expired unused", run_id, attempt)
+        return [run_id for run_id, _ in expired]
 
     def sweep(self, live: Iterable[tuple[str, int]]) -> None:
         """At start-up: drop leases whose part is not live any more (it ended while the

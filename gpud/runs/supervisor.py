@@ -20,7 +20,6 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from gpud.auth import Caller, PeerKeys
 from gpud.ingest import Ingest
@@ -33,6 +32,9 @@ from gpud.protocol import (
     LaunchRequest,
     NodeRefIn,
     PartPlan,
+    PartReleaseRequest,
+    PartReservation,
+    PartReserveRequest,
     PartStartRequest,
     PartStatusRequest,
     PartStopRequest,
@@ -80,6 +82,7 @@ log = logging.getLogger("gpud.runs")
 TICK_S = 0.25
 STOP_RESEND_S = 1.0
 PIDS_EVERY_S = 2.0
+EXPIRE_EVERY_S = 5.0
 
 
 def _spec_of(run: RunRecord) -> RunSpec:
@@ -121,6 +124,7 @@ class Supervisor:
         self._extractors: dict[str, MetricExtractor] = {}
         self._last_stop_sent: dict[str, float] = {}
         self._last_pids: dict[str, float] = {}
+        self._last_expire = 0.0
 
     # ================================================================== start-up
 
@@ -145,12 +149,15 @@ class Supervisor:
             )
             self.book.event(run, "adopt", what)
             log.info("run %s: %s", run.id, "re-adopted" if alive else "settling after restart")
-        self.leases.sweep(
+        self.leases.sweep(self._live_parts())
+        # Gang state (and restarts due) are recomputed on the next tick.
+
+    def _live_parts(self) -> list[tuple[str, int]]:
+        return [
             (run.id, part.record.attempt)
             for run, part in self.book.parts()
             if not part.record.state.terminal
-        )
-        # Gang state (and restarts due) are recomputed on the next tick.
+        ]
 
     def _run_name(self, run_id: str | None) -> str | None:
         run = self.book.known(run_id) if run_id else None
@@ -252,8 +259,31 @@ class Supervisor:
             self.leases.release(run.id, attempt)
             raise
 
-    def check_gpus(self, run: RunRecord, spec: RunSpec) -> None:
-        self.leases.choose(run.name, spec)
+    def reserve_gpus(
+        self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str]
+    ) -> list[Gpu]:
+        held = self.leases.held(run.id, attempt)
+        if held:
+            return held
+        self._check_queue(run, key)
+        return self.leases.take(run.id, run.name, spec, attempt)
+
+    def release_gpus(self, run: RunRecord, attempt: int) -> None:
+        part = self.book.part(run.id)
+        if part is not None and part.record.attempt == attempt and not part.record.state.terminal:
+            return  # its part runs on them; they go back when it ends
+        self.leases.release(run.id, attempt)
+
+    def _check_queue(self, run: RunRecord, key: tuple[float, str]) -> None:
+        """First come, first served: no run starts here while an earlier one waits."""
+        ahead = self.book.ahead_of(run, key)
+        if ahead:
+            first = ahead[0]
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE,
+                f"no GPUs for {run.name} on {self.node}: {len(ahead)} queued run(s) ahead"
+                f" (next: {first.id} ({first.name}))",
+            )
 
     def _start_part(
         self,
@@ -306,10 +336,21 @@ class Supervisor:
     async def launch(self, req: LaunchRequest, caller: Caller) -> LaunchReply:
         spec = self._validated(req.spec)
         nodes = [_ref(n) for n in req.nodes]
-        master_addr = spec.master_addr or _host_of(nodes[0].control)
+        master_addr = gang.master_host(spec, nodes)
         run_id = f"{spec.name}-{secrets.token_hex(3)}"
         run = self._new_run(run_id, spec, nodes, node_rank=0)
-        gpus = self.leases.choose(spec.name, spec)  # refused here: nothing was set up
+        queue = (req.queue or spec.queue) and not req.dry_run
+        try:  # refused here: nothing was set up
+            if not req.dry_run:
+                self._check_queue(run, run.queue_key)
+            gpus = self.leases.choose(spec.name, spec)
+        except ProtocolError as exc:
+            if not queue or exc.code is not ErrorCode.UNAVAILABLE:
+                raise
+            return self._queue(run, master_addr, caller, exc.message)
+        if queue and len(nodes) > 1:
+            # Node 0 starts it once every node joined and can give its part (all or none).
+            return self._queue(run, master_addr, caller, "waiting for every node to join")
         try:
             port = pick_port(self.store.leased_ports())
         except NoFreePort as exc:
@@ -330,6 +371,14 @@ class Supervisor:
         self.gang.view(run)
         return LaunchReply(run=self.book.summary(run), master_addr=master_addr, master_port=port)
 
+    def _queue(self, run: RunRecord, master_addr: str, caller: Caller, why: str) -> LaunchReply:
+        """A launch that waits: queued here (and, as gpuctl joins them, on the other nodes)."""
+        run = self.book.add(run.model_copy(update={"queued_at": run.created_at}))
+        where = f"{len(run.nodes)} node(s)"
+        self.book.event(run, "launch", f"launched by {caller.name} on {where}, queued: {why}")
+        run = self.book.move(run.id, RunState.QUEUED, why)
+        return LaunchReply(run=self.book.summary(run), master_addr=master_addr)
+
     def join(self, req: JoinRequest, caller: Caller) -> JoinReply:
         spec = self._validated(req.spec)
         nodes = [_ref(n) for n in req.nodes]
@@ -338,19 +387,72 @@ class Supervisor:
         if self.book.known(req.run_id) is not None and not req.dry_run:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {req.run_id} already has a part here")
         run = self._new_run(req.run_id, spec, nodes, node_rank=req.node_rank, attempt=req.attempt)
-        gpus = self.leases.choose(spec.name, spec)
+        queued = req.queued_at is not None and not req.dry_run
+        if req.master_port is None and not queued:
+            raise ProtocolError(ErrorCode.INVALID_BODY, "master_port: needed unless queued_at")
+        gpus: list[Gpu] = []
+        try:
+            gpus = self.leases.choose(spec.name, spec)
+        except ProtocolError as exc:
+            if not queued or exc.code is not ErrorCode.UNAVAILABLE:
+                raise
+        if queued:
+            run = self.book.add(run.model_copy(update={"queued_at": req.queued_at}))
+        else:
+            run = self.book.add(run) if not req.dry_run else run
         if req.dry_run:
-            place = self._placement(
-                run, spec, req.attempt, req.master_addr, req.master_port, None, gpus
-            )
+            port = req.master_port or 0
+            place = self._placement(run, spec, req.attempt, req.master_addr, port, None, gpus)
             return JoinReply(run=self.book.summary(run), plan=self._plan(run, spec, place))
-        run = self.book.add(run)
         if nodes[0].server_key:
             self.peer_keys.grant(nodes[0].server_key, run.id)
+        if queued:
+            self.book.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
+            run = self.book.move(run.id, RunState.QUEUED, "node 0 starts it when its GPUs free up")
+            return JoinReply(run=self.book.summary(run))
+        assert req.master_port is not None
         self.book.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
         self.start_part(run, spec, req.attempt, req.master_addr, req.master_port, None)
         run = self.book.move(run.id, RunState.STARTING, f"attempt {req.attempt}")
         return JoinReply(run=self.book.summary(run))
+
+    def part_reserve(self, req: PartReserveRequest, caller: Caller) -> PartReservation:
+        run = self._coordinated(req.run_id, caller)
+        part = self.book.part(run.id)
+        if part is not None and not part.record.state.terminal:
+            raise ProtocolError(
+                ErrorCode.CONFLICT, f"attempt {part.record.attempt} still runs on {self.node}"
+            )
+        if req.queue and run.state is not RunState.QUEUED:
+            run = self.book.move(
+                run.id,
+                RunState.QUEUED,
+                "node 0 starts it when its GPUs free up",
+                next_attempt=True,
+                queued_at=req.queued_at,
+            )
+        elif run.queued_at != req.queued_at and run.state is RunState.QUEUED:
+            run = self.book.update(run.id, queued_at=req.queued_at)
+        gpus = self.reserve_gpus(run, _spec_of(run), req.attempt, (req.queued_at, run.id))
+        return PartReservation(node=self.node, gpus=[g.index for g in gpus])
+
+    def part_release(self, req: PartReleaseRequest, caller: Caller) -> PartReservation:
+        run = self._coordinated(req.run_id, caller)
+        self.release_gpus(run, req.attempt)
+        if req.cancel is not None and run.state is RunState.QUEUED:
+            self.book.move(
+                run.id, RunState.STOPPED, f"{req.cancel} (cancelled while queued)",
+                stop_requested=True,
+            )  # fmt: skip
+        return PartReservation(node=self.node)
+
+    def _coordinated(self, run_id: str, caller: Caller) -> RunRecord:
+        """A run node 0 acts on here, held in the book (an ended one is read back)."""
+        run = self.book.find(run_id)
+        check_coordinator(run, caller)
+        if self.book.get(run.id) is None:
+            self.book.load(run)
+        return self.book.get(run.id) or run
 
     def part_start(self, req: PartStartRequest, caller: Caller) -> AttemptRecord:
         run = self.book.find(req.run_id)
@@ -426,6 +528,15 @@ class Supervisor:
         if run.state.terminal:
             return self.book.summary(run)
         reason = f"stop requested by {caller.name}"
+        if run.state is RunState.QUEUED:
+            if run.is_coordinator:
+                return self.book.summary(await self.gang.cancel(run, reason))
+            self.leases.release(run.id)  # a reservation node 0 made (no part runs)
+            run = self.book.move(
+                run.id, RunState.STOPPED, f"{reason} (cancelled while queued)",
+                stop_requested=True,
+            )  # fmt: skip
+            return self.book.summary(run)
         run = self.book.update(run.id, stop_requested=True, next_restart_at=None)
         own = self.book.part(run.id)
         idle = own is None or own.record.state.terminal
@@ -455,7 +566,8 @@ class Supervisor:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {run.id} succeeded: nothing to resume")
         if self.book.get(run.id) is None:
             self.book.load(run)
-        run = await self.gang.start_attempt(run, why=f"resumed by {caller.name}")
+        queue = req.queue or _spec_of(run).queue
+        run = await self.gang.start_attempt(run, why=f"resumed by {caller.name}", queue=queue)
         return self.book.summary(run)
 
     # ================================================================== trainers
@@ -523,6 +635,9 @@ class Supervisor:
             outcome = part.outcome()
             if outcome is not None:
                 await self._settle(run, part, outcome)
+        if now - self._last_expire >= EXPIRE_EVERY_S:
+            self._last_expire = now
+            self.leases.expire(self._live_parts(), now)
         self.telemetry.tick(now)
         await self.gang.tick(now)
 
@@ -643,13 +758,6 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _host_of(endpoint: str) -> str:
-    if not endpoint.startswith("tcp://"):
-        return "127.0.0.1"
-    host = urlsplit(endpoint).hostname or "127.0.0.1"
-    return "127.0.0.1" if host in ("localhost", "0.0.0.0", "*") else host
 
 
 def _interpreter() -> str:

@@ -2,7 +2,9 @@
 
 Node 0 creates the run and leases its MASTER_PORT; then every other node joins with its
 node rank. If a node cannot join, node 0 is told to stop the run, so nothing is left half
-started. `--dry-run` asks every node what it would run and prints exactly that.
+started. With `--queue` (or `queue: true`) a run whose GPUs are busy waits instead: node 0
+queues it, the other nodes join its queue, and node 0 starts it when every node can give
+its GPUs at once. `--dry-run` asks every node what it would run and prints exactly that.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gpud.protocol import (
     PartPlan,
     StopRequest,
 )
+from gpud.runmodel import RunState
 from launch.gpuctl.context import (
     EXIT_OK,
     EXIT_USAGE,
@@ -68,12 +71,13 @@ def _targets(ctl: Ctl, spec: RunSpec) -> list[NodeTarget]:
 
 
 def _start(
-    ctl: Ctl, spec: RunSpec, targets: list[NodeTarget], dry_run: bool
+    ctl: Ctl, spec: RunSpec, targets: list[NodeTarget], dry_run: bool, queue: bool
 ) -> tuple[LaunchReply, list[JoinReply]]:
     refs = [_node_ref(t) for t in targets]
     body = spec.model_dump(mode="json")
+    launch = LaunchRequest(spec=body, nodes=refs, dry_run=dry_run, queue=queue)
     with Client(targets[0], timeout_s=ctl.timeout) as client:
-        reply = client.call(RUN_LAUNCH, LaunchRequest(spec=body, nodes=refs, dry_run=dry_run))
+        reply = client.call(RUN_LAUNCH, launch)
     assert isinstance(reply, LaunchReply)
     joins: list[JoinReply] = []
     for rank, target in enumerate(targets[1:], start=1):
@@ -85,6 +89,7 @@ def _start(
             master_addr=reply.master_addr,
             master_port=reply.master_port,
             dry_run=dry_run,
+            queued_at=reply.run.queued_at,
         )
         try:
             with Client(target, timeout_s=ctl.timeout) as client:
@@ -120,6 +125,11 @@ def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
 @click.option(
     "--dry-run", is_flag=True, help="Print each node's exact command and env; start nothing."
 )
+@click.option(
+    "--queue",
+    is_flag=True,
+    help="If its GPUs are busy, wait for them in the queue (first come, first served).",
+)
 @json_option
 @click.pass_obj
 def launch_command(
@@ -129,6 +139,7 @@ def launch_command(
     overrides: tuple[str, ...],
     wait: bool,
     dry_run: bool,
+    queue: bool,
 ) -> None:
     """Launch the run described by CONFIG (a YAML run spec) on its nodes."""
     try:
@@ -137,7 +148,7 @@ def launch_command(
         fail(str(exc), EXIT_USAGE)
     targets = _targets(ctl, spec)
     try:
-        reply, joins = _start(ctl, spec, targets, dry_run)
+        reply, joins = _start(ctl, spec, targets, dry_run, queue or spec.queue)
     except ClientError as exc:
         fail(f"{targets[0].label}: {exc}", exit_code_for(exc))
     if dry_run:
@@ -155,10 +166,16 @@ def launch_command(
         return
     if not ctl.json:
         where = ", ".join(t.label for t in targets)
-        click.echo(
-            f"launched {run.id} on {len(targets)} node(s) ({where}); "
-            f"master {reply.master_addr}:{reply.master_port}"
-        )
+        if run.state is RunState.QUEUED:
+            click.echo(
+                f"queued {run.id} on {len(targets)} node(s) ({where}): {run.state_label};"
+                f" {run.reason}"
+            )
+        else:
+            click.echo(
+                f"launched {run.id} on {len(targets)} node(s) ({where}); "
+                f"master {reply.master_addr}:{reply.master_port}"
+            )
     if not wait:
         return
     found = find_run(ctl, run.id)

@@ -76,7 +76,7 @@ def ps_command(ctl: Ctl, active: bool) -> None:
             [
                 r.id,
                 r.name,
-                r.state.value,
+                r.state_label,
                 _shape(r),
                 _gpus_column(gpus.get(r.id, {})),
                 steps_text(r.steps_done, r.max_steps),
@@ -129,7 +129,7 @@ def status_command(ctl: Ctl, run: str) -> None:
     r = status.run
     lines = [
         f"run       {r.id} ({r.name}), {r.launcher}",
-        f"state     {r.state.value} for {_age(r.state_since)}"
+        f"state     {r.state_label} for {_age(r.state_since)}"
         + (f": {r.reason}" if r.reason else ""),
         f"progress  {progress_line(r)}",
         f"attempt   {r.attempt} (restarts {r.restarts})",
@@ -237,20 +237,24 @@ def _finish(ctl: Ctl, found: FoundRun, message: str) -> None:
 @click.command("resume")
 @run_argument
 @click.option("--wait", is_flag=True, help="Follow the run; exit 0 if it succeeds, else 1.")
+@click.option("--queue", is_flag=True, help="If its GPUs are busy, wait for them in the queue.")
 @json_option
 @click.pass_obj
-def resume_command(ctl: Ctl, run: str, wait: bool) -> None:
+def resume_command(ctl: Ctl, run: str, wait: bool, queue: bool) -> None:
     """Start a new attempt of a stopped or failed run from its latest checkpoint."""
     found = find_run(ctl, run)
     try:
         with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
-            summary = client.call(RUN_RESUME, ResumeRequest(run=found.id))
+            summary = client.call(RUN_RESUME, ResumeRequest(run=found.id, queue=queue))
     except ClientError as exc:
         fail(str(exc), exit_code_for(exc))
     assert isinstance(summary, RunSummary)
     found.status = found.status.model_copy(update={"run": summary})
     if not wait:
-        _finish(ctl, found, f"resumed {summary.id} as attempt {summary.attempt}")
+        if summary.state is RunState.QUEUED:
+            _finish(ctl, found, f"{summary.id} is {summary.state_label}: {summary.reason}")
+        else:
+            _finish(ctl, found, f"resumed {summary.id} as attempt {summary.attempt}")
         return
     code = follow(ctl, found)
     _finish(ctl, found, outcome_line(found.status.run))

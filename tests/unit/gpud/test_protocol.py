@@ -112,7 +112,14 @@ def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
     operators = {name for name, m in METHODS.items() if m.role is Role.OPERATOR}
     assert operators == {"node.events.ack", "run.launch", "run.join", "run.stop", "run.resume"}
     peers = {name for name, m in METHODS.items() if m.role is Role.PEER}
-    assert peers == {"run.part.start", "run.part.stop", "run.part.status", "run.part.health"}
+    assert peers == {
+        "run.part.start",
+        "run.part.stop",
+        "run.part.status",
+        "run.part.health",
+        "run.part.reserve",
+        "run.part.release",
+    }
     assert METHODS["node.info"].request is Empty
     assert METHODS["node.events.ack"].request is AckEventsRequest
 

@@ -52,7 +52,13 @@ def new_book(tmp_path: Path, strict: bool) -> tuple[RunBook, list[tuple[str, Bas
 
 def test_terminal_and_active_are_derived_from_the_one_table() -> None:
     assert {RunState.STOPPED, RunState.SUCCEEDED, RunState.FAILED, RunState.LOST} == TERMINAL
-    assert {RunState.PENDING, RunState.STARTING, RunState.RUNNING, RunState.STOPPING} == ACTIVE
+    assert {
+        RunState.PENDING,
+        RunState.QUEUED,
+        RunState.STARTING,
+        RunState.RUNNING,
+        RunState.STOPPING,
+    } == ACTIVE
     assert all(not WITHIN[s] for s in TERMINAL)
     assert RunState.SUCCEEDED not in NEXT_ATTEMPT  # nothing follows success
 
@@ -109,3 +115,29 @@ def test_a_terminal_move_releases_the_port_lease_and_calls_the_end_hooks(
     book.move("r-1", RunState.STOPPED, "stopped")
     assert book.store.leased_ports() == set()
     assert ended == ["stopped"]
+
+
+def test_a_queued_run_starts_or_is_cancelled_and_nothing_running_goes_back_to_the_queue() -> None:
+    assert WITHIN[RunState.QUEUED] == {RunState.STARTING, RunState.STOPPED, RunState.FAILED}
+    assert can_move(RunState.STOPPED, RunState.QUEUED, next_attempt=True)  # a resume waits
+    assert can_move(RunState.PENDING, RunState.QUEUED)  # a restart waits
+    assert not can_move(RunState.RUNNING, RunState.QUEUED, next_attempt=True)
+    assert not can_move(RunState.STOPPED, RunState.QUEUED)
+
+
+def test_the_queue_is_first_come_first_served_by_node_0s_time_then_id(tmp_path: Path) -> None:
+    book, _ = new_book(tmp_path, strict=True)
+    base = book.get("r-1")
+    assert base is not None
+    for run_id, queued_at in (("r-3", 5.0), ("r-2", 5.0), ("r-4", 1.0)):
+        book.add(base.model_copy(update={"id": run_id, "queued_at": queued_at}))
+        book.move(run_id, RunState.QUEUED, "waiting")
+    assert [r.id for r in book.queue()] == ["r-4", "r-2", "r-3"]
+    positions = {r.id: book.summary(r).queue_position for r in book.runs()}
+    assert positions == {"r-1": None, "r-4": 1, "r-2": 2, "r-3": 3}
+    assert book.summary(book.queue()[1]).state_label == "queued #2"
+    r3 = book.get("r-3")
+    assert r3 is not None
+    assert [r.id for r in book.ahead_of(r3, r3.queue_key)] == ["r-4", "r-2"]
+    book.move("r-4", RunState.STOPPED, "cancelled")
+    assert [r.id for r in book.queue()] == ["r-2", "r-3"]
