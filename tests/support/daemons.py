@@ -15,7 +15,6 @@ from typing import Any
 from gpud.client import Client, ClientError, NodeTarget, resolve_target
 from gpud.keys import KeyPair
 
-
 _HANDED_OUT: set[int] = set()
 
 
