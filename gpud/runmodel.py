@@ -476,3 +476,11 @@ def gpus_text(gpus: list[int]) -> str:
         if index is not None:
             start = prev = index
     return ",".join(parts)
+
+
+def gpus_by_node_text(by_node: dict[int, list[int]]) -> str:
+    """The GPUs a run holds: `0-3` on one node, `n0:0-3 n1:4-7` on several ("-": none)."""
+    held = {rank: gpus for rank, gpus in by_node.items() if gpus}
+    if len(held) <= 1:
+        return gpus_text(next(iter(held.values()), []))
+    return " ".join(f"n{rank}:{gpus_text(g)}" for rank, g in sorted(held.items()))

@@ -21,7 +21,7 @@ from gpud.protocol import (
     RunSummary,
     StopRequest,
 )
-from gpud.runmodel import RunState, gpus_text, steps_text
+from gpud.runmodel import RunState, gpus_by_node_text, gpus_text, steps_text
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -78,7 +78,7 @@ def ps_command(ctl: Ctl, active: bool) -> None:
                 r.name,
                 r.state_label,
                 _shape(r),
-                _gpus_column(gpus.get(r.id, {})),
+                gpus_by_node_text(gpus.get(r.id, {})),
                 steps_text(r.steps_done, r.max_steps),
                 "-" if "loss" not in r.last_values else f"{r.last_values['loss']:.4f}",
                 str(r.attempt),
@@ -106,13 +106,6 @@ def ps_command(ctl: Ctl, active: bool) -> None:
         )
     report_errors(results)
     sys.exit(worst_exit_code(results))
-
-
-def _gpus_column(by_node: dict[int, list[int]]) -> str:
-    """The GPUs a run holds: `0-3` on one node, `n0:0-3 n1:4-7` on several."""
-    if len(by_node) <= 1:
-        return gpus_text(next(iter(by_node.values()), []))
-    return " ".join(f"n{rank}:{gpus_text(g)}" for rank, g in sorted(by_node.items()))
 
 
 @click.command("status")

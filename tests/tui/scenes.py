@@ -154,7 +154,9 @@ def summary(
     step: int | None = 1180,
     nproc: int = 2,
     created: float = T0 - 600,
+    queue_position: int | None = None,
 ) -> RunSummary:
+    held = list(range(nproc)) if state is RunState.RUNNING else []
     return RunSummary(
         id=run_id,
         name=run_id.rsplit("-", 1)[0],
@@ -166,6 +168,8 @@ def summary(
         node_rank=node_rank,
         nodes=[NodeRef(control=n, server_key=KEY_A) for n in nodes],
         nproc=nproc,
+        gpus=held,
+        queue_position=queue_position,
         launcher="torchrun",
         last_step=step,
         max_steps=1800,

@@ -10,6 +10,7 @@ from tests.tui import scenes
 from tui.model import actions
 from tui.model.fleet import FleetModel
 from tui.model.nodes import OFFLINE_AFTER_S
+from tui.widgets.runs_table import run_row
 
 
 def one_node() -> tuple[FleetModel, scenes.FixedClock, str]:
@@ -224,3 +225,22 @@ def test_jump_commands_and_finding_runs() -> None:
     assert model.find_run("pre") == "pretrain-7b-3f9a2c"  # a unique prefix
     assert model.find_run("cpu-ddp") == "cpu-ddp-0a1b2c"  # a name: its newest run
     assert model.find_run("nope") is None
+
+
+def test_simulated_gpus_map_to_runs_by_their_leases() -> None:
+    model, _, key = one_node()
+    procs = {i: [GpuProcess(pid=100 + i, name="python")] for i in (1, 6)}
+    gpus = [scenes.gpu(i, 50.0, 1.0, simulated=True, procs=procs.get(i, [])) for i in range(8)]
+    model.apply_event(key, scenes.event("hw.n1", scenes.snapshot("n1", gpus, simulated=True)))
+    leased = scenes.summary("late-1", [key], 0, nproc=4).model_copy(update={"gpus": [4, 5, 6, 7]})
+    queued = scenes.summary("wait-2", [key], 0, RunState.QUEUED, queue_position=1)
+    model.apply_runs(key, RunList(runs=[leased, queued]))
+    owner = model.process_owner(key, 6, 106)
+    assert owner is not None and (owner.run_id, owner.rank, owner.local_rank) == ("late-1", 2, 2)
+    assert model.process_owner(key, 1, 101) is None  # GPU 1 is leased to nobody
+    held = model.gpu_holder(key, 5)
+    assert held is not None and held[0].id == "late-1"
+    assert model.gpu_holder(key, 3) is None
+    rows = {run.id: run_row(run, scenes.T0) for run in model.sorted_runs()}
+    assert str(rows["late-1"][1][4]) == "4-7"  # GPUS
+    assert str(rows["wait-2"][1][1]) == "queued #1" and str(rows["wait-2"][1][4]) == "-"

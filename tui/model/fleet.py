@@ -368,6 +368,15 @@ class FleetModel:
             running=sum(1 for r in runs if r.active),
         )
 
+    def gpu_holder(self, key: str, gpu_index: int) -> tuple[RunView, int] | None:
+        """The run whose part on node `key` leases that GPU, and that part's node rank."""
+        for run in self.runs_on(key):
+            for node_rank, node_key in run.part_nodes.items():
+                part = run.parts.get(node_rank)
+                if node_key == key and part is not None and gpu_index in part.gpus:
+                    return run, node_rank
+        return None
+
     def process_owner(self, key: str, gpu_index: int, pid: int) -> ProcessOwner | None:
         """Which run and rank a process on a GPU of node `key` belongs to."""
         node = self.nodes[key]
@@ -378,18 +387,18 @@ class FleetModel:
             for rank in health.ranks:
                 if rank.pid == pid and self._rank_on(run, rank.node_rank, key):
                     return ProcessOwner(run.id, rank.rank, rank.local_rank, "health")
-        # Simulated GPUs carry a running rank as load on the GPU of its local rank
-        # (gpud/runs/simload.py), so the local rank is the GPU index.
+        # Simulated GPUs carry a running rank as load on the GPU its local rank was given
+        # (CUDA_VISIBLE_DEVICES[LOCAL_RANK], gpud/runs/simload.py): the lease maps it back.
         if not node.simulated:
             return None
-        for run in self.runs_on(key):
-            if not run.active:
-                continue
-            for node_rank, node_key in run.part_nodes.items():
-                nproc = run.nproc_of(node_rank)
-                if node_key == key and nproc and gpu_index < nproc:
-                    global_rank = node_rank * nproc + gpu_index
-                    return ProcessOwner(run.id, global_rank, gpu_index, "simulated")
+        held = self.gpu_holder(key, gpu_index)
+        if held is None:
+            return None
+        run, node_rank = held
+        local = run.parts[node_rank].gpus.index(gpu_index)
+        nproc = run.nproc_of(node_rank)
+        if nproc and local < nproc:
+            return ProcessOwner(run.id, node_rank * nproc + local, local, "simulated")
         return None
 
     def _rank_on(self, run: RunView, node_rank: int, key: str) -> bool:

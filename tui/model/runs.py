@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpud.protocol import MetricsReply, RunSummary
-from gpud.runmodel import HealthSummary, RunEvent, RunState, completed_steps
+from gpud.runmodel import HealthSummary, RunEvent, RunState, completed_steps, gpus_by_node_text
 from tui.model.logs import LogBuffer
 from tui.model.series import MetricSeries
 
@@ -32,7 +32,9 @@ THROUGHPUT_NAMES = (
 )
 RATE_WINDOW = 64
 RUN_EVENTS_KEPT = 200
-ACTIVE = frozenset({RunState.PENDING, RunState.STARTING, RunState.RUNNING, RunState.STOPPING})
+ACTIVE = frozenset(
+    {RunState.PENDING, RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.STOPPING}
+)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,10 @@ class RunView:
         self.parts[summary.node_rank] = summary
         self.part_nodes[summary.node_rank] = node_key
         self.version += 1
+
+    def gpus_text(self) -> str:
+        """The GPUs it holds on each node, as every view writes them (`n0:0-3 n1:4-7`)."""
+        return gpus_by_node_text({rank: part.gpus for rank, part in self.parts.items()})
 
     def nproc_by_node(self) -> list[int | None]:
         """Processes per node of the run, in node-rank order (None: not known yet)."""

@@ -90,7 +90,7 @@ class NodeScreen(LiveScreen):
                 self._info_key = info_key
                 text = node_info_text(node, online, now_wall)
                 self.query_one("#node-info", Static).update(text)
-            self.query_one(GpuTable).show(node)
+            self.query_one(GpuTable).show(self.model, node)
             index = self._selected_gpu()
             if index is None and node.snapshot is not None and node.snapshot.gpus:
                 index = node.snapshot.gpus[0].index

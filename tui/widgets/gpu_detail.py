@@ -115,4 +115,9 @@ class GpuDetail(Static):
         title = Text(f"GPU {gpu.index} · {gpu.name}", style="bold")
         if gpu.simulated:
             title.append("  SIMULATED", style="bold yellow")
+        held = model.gpu_holder(node.key, gpu.index)
+        if held is not None:
+            title.append("  leased to ")
+            title.append(held[0].id, style="bold cyan")
+            title.append(f" ({held[0].summary.name})")
         self.update(Group(title, processes_text(model, node, gpu), Text(""), fields_table(gpu)))

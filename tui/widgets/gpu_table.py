@@ -1,4 +1,5 @@
-"""The node screen's table: one row per GPU with its main readings and a history."""
+"""The node screen's table: one row per GPU with its main readings, the run that leases
+it, and a history."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from rich.text import Text
 
 from gpud.snapshot import GpuSample
 from tui.model import units
+from tui.model.fleet import FleetModel
 from tui.model.nodes import NodeView, activity_pct, memory_pct, throttle_reasons
 from tui.widgets.fleet_table import mem_style, util_style
 from tui.widgets.live_table import LiveTable, Row
@@ -20,11 +22,18 @@ COLUMNS = [
     ("THROTTLE", "throttle", 9),
     ("XID", "xid", 4),
     ("PROCS", "procs", 6),
+    ("RUN", "run", 19),
     ("UTIL HISTORY", "history", 17),
 ]
 
 
-def gpu_row(node: NodeView, gpu: GpuSample) -> Row:
+def holder_cell(model: FleetModel, node: NodeView, gpu: GpuSample) -> Text:
+    """The run that leases the GPU (`–`: none)."""
+    held = model.gpu_holder(node.key, gpu.index)
+    return Text(held[0].id, style="cyan") if held is not None else Text("–", style="dim")
+
+
+def gpu_row(model: FleetModel, node: NodeView, gpu: GpuSample) -> Row:
     if gpu.lost:
         lost = Text("LOST", style="bold red")
         return (str(gpu.index), [str(gpu.index), lost, *[""] * (len(COLUMNS) - 2)])
@@ -59,6 +68,7 @@ def gpu_row(node: NodeView, gpu: GpuSample) -> Row:
                 str(gpu.xid.unacknowledged), style="bold red" if gpu.xid.unacknowledged else "dim"
             ),
             units.NA if gpu.processes is None else str(len(gpu.processes)),
+            holder_cell(model, node, gpu),
             Text(spark, style=util_style(util)),
         ],
     )
@@ -68,6 +78,6 @@ class GpuTable(LiveTable):
     def __init__(self) -> None:
         super().__init__(COLUMNS, id="gpu-table")
 
-    def show(self, node: NodeView) -> None:
+    def show(self, model: FleetModel, node: NodeView) -> None:
         snap = node.snapshot
-        self.sync([gpu_row(node, g) for g in snap.gpus] if snap is not None else [])
+        self.sync([gpu_row(model, node, g) for g in snap.gpus] if snap is not None else [])

@@ -1,5 +1,5 @@
-"""Every run across the nodes: state, nodes × processes, step, loss, rate, ETA, attempt,
-health verdict."""
+"""Every run across the nodes: state (with its place in the queue), nodes × processes, the
+GPUs it holds, step, loss, rate, ETA, attempt, health verdict."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ COLUMNS = [
     ("STATE", "state", 10),
     ("ATT", "attempt", 4),
     ("N×P", "shape", 5),
+    ("GPUS", "gpus", 13),
     ("STEP", "step", None),
     ("LOSS", "loss", 7),
     ("RATE", "rate", None),
@@ -28,6 +29,7 @@ STATE_STYLES = {
     RunState.RUNNING: "bold green",
     RunState.STARTING: "cyan",
     RunState.PENDING: "cyan",
+    RunState.QUEUED: "magenta",
     RunState.STOPPING: "yellow",
     RunState.STOPPED: "dim",
     RunState.SUCCEEDED: "green",
@@ -69,9 +71,10 @@ def run_row(run: RunView, now_wall: float) -> Row:
         run.id,
         [
             Text(run.id, style="bold"),
-            Text(s.state.value, style=STATE_STYLES.get(s.state, "")),
+            Text(s.state_label, style=STATE_STYLES.get(s.state, "")),
             str(s.attempt),
             shape(run),
+            Text(run.gpus_text(), style="" if run.active else "dim"),
             step_text,
             units.number(run.last_value("loss"), 3),
             "–" if rate is None else f"{units.number(rate.value, 3)}{RATE_UNITS[rate.unit]}",

@@ -1,0 +1,66 @@
+"""gputop's Node screen against a real daemon (issue 9): two runs with `gpus: 4` on a box of
+8 simulated GPUs, each GPU row naming the run that leases it, and each rank's process
+mapped back to its run and rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpud.client import Client
+from tests.support.daemons import RunningDaemon
+from tests.support.runs import FAST, launch, ranks_of, wait_for
+from tests.tui.screen import screen_text
+from tests.tui.test_live import flat, settle, watch
+from tui.app import GpuTop
+from tui.screens.node import NodeScreen
+
+LONG = "training.max_steps=100000"
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_the_node_screen_shows_each_gpus_run_and_maps_processes_to_ranks(
+    daemon: RunningDaemon,
+) -> None:
+    first = launch(daemon, FAST, LONG, "gpus=4")
+    second = launch(daemon, FAST, LONG, "gpus=4")
+    model, feed, key = watch(daemon)
+    app = GpuTop(model, feed, refresh_s=0.3)
+    try:
+        async with app.run_test(size=(130, 40)) as pilot:
+
+            def mapped() -> bool:
+                with model.lock:
+                    snap = model.nodes[key].snapshot
+                    if snap is None:
+                        return False
+                    owners = {
+                        g.index: model.process_owner(key, g.index, p.pid)
+                        for g in snap.gpus
+                        for p in g.processes or []
+                    }
+                return all(owners.get(i) is not None for i in (0, 1, 4, 5))
+
+            await settle(pilot, mapped, 60, "every rank's process on its leased GPU")
+            app.push_screen(NodeScreen(model, key))
+            await pilot.pause(1.0)
+            rows = {
+                line.split()[0]: line.split()
+                for line in screen_text(app).splitlines()
+                if line.split() and line.split()[0].isdigit() and len(line.split()) > 8
+            }
+            for index in range(8):
+                assert (first if index < 4 else second) in rows[str(index)], rows[str(index)]
+            pid = ranks_of(second)[1].pid  # local rank 1 of the second run: GPU 5
+            for _ in range(5):
+                await pilot.press("down")
+            await pilot.pause(1.0)
+            text = flat(screen_text(app))
+            assert f"GPU 5 · NVIDIA H100 80GB HBM3 SIMULATED leased to {second} (cpu-ddp)" in text
+            assert f"pid {pid} " in text and f"→ {second} rank 1 (local 1)" in text, text
+    finally:
+        for run_id in (first, second):
+            with Client(daemon.target()) as client:
+                client.stop_run(run_id, force=True)
+        for run_id in (first, second):
+            wait_for(daemon, run_id, {"stopped"}, timeout=60)
