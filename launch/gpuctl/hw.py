@@ -1,4 +1,5 @@
-"""`gpuctl hw`: a hardware report with recommended training settings for each node."""
+"""`gpuctl hw`: a hardware report with recommended training settings for each node, and
+which run leases each GPU (or which process outside gpud holds it)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import sys
 
 import click
 
-from gpud.snapshot import NodeSnapshot
+from gpud.client import Client
+from gpud.protocol import RUN_LIST, ListRequest, RunList, RunSummary
+from gpud.snapshot import GpuSample, NodeSnapshot
 from launch.autotune import DEFAULT_TARGET_BATCH, Recommendation, recommend_for_node
 from launch.gpuctl.context import Ctl, json_option, report_errors, worst_exit_code
 from launch.gpuctl.output import emit_json, human_bytes, table
@@ -32,7 +35,29 @@ def _setting_value(rec: Recommendation, key: str) -> str:
     return str(value)
 
 
-def render_report(address: str, snap: NodeSnapshot, rec: Recommendation) -> str:
+def _hw_and_runs(client: Client) -> tuple[NodeSnapshot, list[RunSummary]]:
+    runs = client.call(RUN_LIST, ListRequest(active_only=True))
+    assert isinstance(runs, RunList)
+    return client.node_hw(), runs.runs
+
+
+def holders(snap: NodeSnapshot, runs: list[RunSummary]) -> dict[int, str]:
+    """Who holds each GPU: the run that leases it, else the processes on it (outside gpud:
+    no run leases that GPU), else nobody ("-")."""
+    leased = {index: run for run in runs for index in run.gpus}
+    return {g.index: _holder(g, leased.get(g.index)) for g in snap.gpus}
+
+
+def _holder(gpu: GpuSample, run: RunSummary | None) -> str:
+    if run is not None:
+        return f"{run.id} ({run.name})"
+    outside = [f"pid {p.pid} ({p.name or '?'})" for p in gpu.processes or []]
+    return ", ".join(outside) + " outside gpud" if outside else "-"
+
+
+def render_report(
+    address: str, snap: NodeSnapshot, rec: Recommendation, runs: list[RunSummary]
+) -> str:
     flag = "  [SIMULATED GPUs]" if snap.simulated else ""
     lines = [
         f"node {snap.node} ({address}){flag}",
@@ -40,6 +65,7 @@ def render_report(address: str, snap: NodeSnapshot, rec: Recommendation) -> str:
         f"{len(snap.gpus)} GPU(s)",
     ]
     if snap.gpus:
+        held = holders(snap, runs)
         rows = [
             [
                 g.index,
@@ -52,10 +78,12 @@ def render_report(address: str, snap: NodeSnapshot, rec: Recommendation) -> str:
                 if g.pcie_link_gen_max
                 else "n/a",
                 g.uuid,
+                held[g.index],
             ]
             for g in snap.gpus
         ]
-        lines += ["", table(["GPU", "MODEL", "MEMORY", "CC", "PCIE", "UUID"], rows)]
+        header = ["GPU", "MODEL", "MEMORY", "CC", "PCIE", "UUID", "HELD BY"]
+        lines += ["", table(header, rows)]
     host = snap.host
     physical = f" ({host.cpu_count_physical} physical)" if host.cpu_count_physical else ""
     lines += [
@@ -89,7 +117,7 @@ def render_report(address: str, snap: NodeSnapshot, rec: Recommendation) -> str:
 @click.pass_obj
 def hw_command(ctl: Ctl, target_batch: int) -> None:
     """Hardware report (GPUs, CPU, RAM) and recommended training settings per node."""
-    results = ctl.on_each(ctl.targets(), lambda client: client.node_hw())
+    results = ctl.on_each(ctl.targets(), _hw_and_runs)
     if ctl.json:
         nodes = []
         for r in results:
@@ -98,21 +126,25 @@ def hw_command(ctl: Ctl, target_batch: int) -> None:
                 "error": str(r.error) if r.error else None,
             }
             if r.value is not None:
+                snap, runs = r.value
                 entry.update(
-                    node=r.value.node,
-                    simulated=r.value.simulated,
-                    backend=r.value.backend,
-                    driver_version=r.value.driver_version,
-                    cuda_driver_version=r.value.cuda_driver_version,
-                    gpus=r.value.gpus,
-                    host=r.value.host,
-                    recommendation=recommend_for_node(r.value, target_batch),
+                    node=snap.node,
+                    simulated=snap.simulated,
+                    backend=snap.backend,
+                    driver_version=snap.driver_version,
+                    cuda_driver_version=snap.cuda_driver_version,
+                    gpus=snap.gpus,
+                    held_by=holders(snap, runs),
+                    host=snap.host,
+                    recommendation=recommend_for_node(snap, target_batch),
                 )
             nodes.append(entry)
         emit_json({"nodes": nodes})
     else:
         reports = [
-            render_report(r.address, r.value, recommend_for_node(r.value, target_batch))
+            render_report(
+                r.address, r.value[0], recommend_for_node(r.value[0], target_batch), r.value[1]
+            )
             for r in results
             if r.value is not None
         ]

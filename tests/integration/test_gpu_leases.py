@@ -112,6 +112,16 @@ def test_a_foreign_process_keeps_its_gpu_out_of_every_lease(
     run_id = launch(daemon, FAST, LONG, "gpus=4")
     try:
         assert visible_devices(run_id) == {"0,1,3,4"}
+        report = gpuctl("--node", daemon.address, "hw")
+        assert report.returncode == 0, report.stderr
+        rows = {
+            line.split()[0]: line
+            for line in report.stdout.splitlines()
+            if line[:1].isdigit() and "GPU-" in line
+        }
+        assert all(rows[i].endswith(f"{run_id} (cpu-ddp)") for i in "0134"), rows
+        assert rows["2"].endswith(") outside gpud") and f"pid {sleeper.pid} (" in rows["2"]
+        assert all(rows[i].endswith(" -") for i in "567"), rows
     finally:
         stop(daemon, run_id)
     sleeper.kill()
