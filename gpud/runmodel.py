@@ -375,6 +375,9 @@ class RankView(Reading):
     progress_age_s: float | None = Field(None, description="time since its step last moved")
     gpu_uuid: str | None = None
     gpu_index: int | None = None
+    outside_lease: bool = Field(
+        False, description="its GPU is not one its part leases (CUDA_VISIBLE_DEVICES ignored?)"
+    )
     straggler: bool = False
     stalled: bool = False
 

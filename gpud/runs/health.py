@@ -236,6 +236,16 @@ def assess(
             )
         if silent and any(r.heartbeat_age_s is not None for r in ranks):
             reasons.append(f"no heartbeat from rank(s) {_ranks_text(silent)}")
+        strays = [r for r in ranks if r.outside_lease]
+        if strays:
+            where = ", ".join(
+                f"rank {r.rank} on GPU {'?' if r.gpu_index is None else r.gpu_index}"
+                for r in strays[:8]
+            )
+            reasons.append(
+                f"outside the run's GPU lease: {where} (does the script override"
+                " CUDA_VISIBLE_DEVICES or pick a device by hand?)"
+            )
         if nccl_warnings:
             reasons.append(f"{nccl_warnings} NCCL warning(s)")
         for trouble in gpu_trouble:

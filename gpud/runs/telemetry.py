@@ -163,8 +163,9 @@ class Telemetry:
         state = self._of(run.id, attempt)
         now = self.book.clock()
         snapshot = self.hardware()
-        views = [self._view(run, rank, now, snapshot) for rank in sorted(state.ranks.values(),
-                 key=lambda r: r.beat.rank)]  # fmt: skip
+        lease = set(part.record.gpu_uuids) if part else set()
+        views = [self._view(run, rank, now, snapshot, lease) for rank in sorted(
+                 state.ranks.values(), key=lambda r: r.beat.rank)]  # fmt: skip
         started = part.record.started_at if part and part.record.started_at else run.created_at
         return PartHealth(
             attempt=attempt,
@@ -175,7 +176,9 @@ class Telemetry:
             last_nccl_warning=state.last_nccl_warning,
         )
 
-    def _view(self, run: RunRecord, rank: _Rank, now: float, snapshot: NodeSnapshot) -> RankView:
+    def _view(
+        self, run: RunRecord, rank: _Rank, now: float, snapshot: NodeSnapshot, lease: set[str]
+    ) -> RankView:
         beat = rank.beat
         return RankView(
             rank=beat.rank,
@@ -193,6 +196,7 @@ class Telemetry:
             progress_age_s=round(now - rank.progress_at, 2) if beat.step is not None else None,
             gpu_uuid=beat.gpu_uuid,
             gpu_index=_gpu_index(beat, snapshot),
+            outside_lease=bool(lease and beat.gpu_uuid and beat.gpu_uuid not in lease),
         )
 
     def _gpu_trouble(

@@ -220,3 +220,13 @@ def test_an_ended_run_has_its_final_verdict_and_nothing_live() -> None:
         assert (h.verdict, h.reasons) == (verdict, [why])
         assert h.stall is None and h.straggler is None
         assert not any(r.stalled or r.straggler for r in h.ranks)
+
+
+def test_a_rank_on_a_gpu_outside_its_lease_degrades_the_run() -> None:
+    stray = rank(1).model_copy(update={"gpu_index": 5, "outside_lease": True})
+    h = health([rank(0), stray])
+    assert h.verdict == "degraded"
+    assert h.reasons == [
+        "outside the run's GPU lease: rank 1 on GPU 5 (does the script override"
+        " CUDA_VISIBLE_DEVICES or pick a device by hand?)"
+    ]
