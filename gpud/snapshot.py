@@ -116,6 +116,12 @@ class GpuSample(Reading):
     pcie_rx_bytes_per_s: float | None = None
     # NVLink (None: the GPU has no NVLink or it could not be read; [] is never used for that)
     nvlinks: list[NvLinkSample] | None = None
+    peer_distance: dict[int, int] | None = Field(
+        None,
+        description="how far each other GPU (by index) is: 0 NVLink peer-to-peer, else NVML's"
+        " common ancestor (10 same board, 20 PCIe switches, 30 host bridge, 40 NUMA node,"
+        " 50 across sockets); None: unknown. GPU leases for a count pick the closest set",
+    )
     # events and processes
     xid: XidSummary = Field(default_factory=XidSummary)
     processes: list[GpuProcess] | None = None

@@ -105,6 +105,7 @@ class _Gpu:
     pcie_link_gen_max: int | None = None
     pcie_link_width_max: int | None = None
     nvlink_count: int | None = None  # None: no NVLink at all
+    peer_distance: dict[int, int] | None = None  # static: read once, after every GPU opened
     gpm_buffers: list[Any] = field(default_factory=list)  # [previous, next]; []: no GPM
     gpm_primed: bool = False  # `previous` holds a sample to diff against
     lost: bool = False  # NVML said GPU_IS_LOST: never asked about this GPU again
@@ -155,6 +156,7 @@ class NvmlSampler:
         self._info = self._read_system_info()
         count = as_int(self._call(None, "nvmlDeviceGetCount")) or 0
         self._gpus = [self._open_gpu(i) for i in range(count)]
+        self._read_topology()
         self._index_by_uuid = {gpu.uuid: gpu.index for gpu in self._gpus}
         self._index_by_handle = {
             _handle_key(gpu.handle): gpu.index for gpu in self._gpus if gpu.handle is not None
@@ -188,6 +190,32 @@ class NvmlSampler:
             sampler.close()
             raise NvmlUnavailable("NVML found no GPUs")
         return sampler
+
+    def _read_topology(self) -> None:
+        """How far apart each pair of GPUs is (`GpuSample.peer_distance`): 0 where NVLink
+        peer-to-peer works, else the level of their common ancestor in the PCIe tree."""
+        nvml = self._nvml
+        nvlink_caps = getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)
+        p2p_ok = getattr(nvml, "NVML_P2P_STATUS_OK", 0)
+        opened = [gpu for gpu in self._gpus if gpu.handle is not None]
+        for gpu in opened:
+            distances: dict[int, int] = {}
+            for other in opened:
+                if other is gpu:
+                    continue
+                if nvlink_caps is not None:
+                    status = self._call(
+                        gpu, "nvmlDeviceGetP2PStatus", gpu.handle, other.handle, nvlink_caps
+                    )
+                    if status is not None and status is not True and status == p2p_ok:
+                        distances[other.index] = 0
+                        continue
+                level = as_int(
+                    self._call(gpu, "nvmlDeviceGetTopologyCommonAncestor", gpu.handle, other.handle)
+                )
+                if level is not None:
+                    distances[other.index] = level
+            gpu.peer_distance = distances or None
 
     def system_info(self) -> GpuSystemInfo:
         return self._info
@@ -390,6 +418,7 @@ class NvmlSampler:
             pcie_tx_bytes_per_s=traffic.get((nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)),
             pcie_rx_bytes_per_s=traffic.get((nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)),
             nvlinks=nvlinks,
+            peer_distance=gpu.peer_distance,
             xid=self._xids.summary(gpu.index),
             processes=self._read_processes(gpu),
         )

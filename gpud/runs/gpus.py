@@ -133,6 +133,16 @@ def choose(
     return closest(free, count, closeness or _no_topology)
 
 
+def closeness_from(peer_distance: Mapping[int, Mapping[int, int] | None]) -> Closeness:
+    """`closeness` from each GPU's `peer_distance` (NVML's topology; unknown reads as 0,
+    so without a topology the lowest free indices win)."""
+
+    def closeness(a: int, b: int) -> int:
+        return 0 if a == b else (peer_distance.get(a) or {}).get(b, 0)
+
+    return closeness
+
+
 def closest(free: Sequence[Gpu], count: int, closeness: Closeness) -> list[Gpu]:
     """`count` of the free GPUs that sit closest together.
 

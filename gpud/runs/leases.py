@@ -22,7 +22,15 @@ import psutil
 
 from gpud.protocol import ErrorCode, ProtocolError
 from gpud.runmodel import gpus_text
-from gpud.runs.gpus import FOREIGN_MEMORY_BYTES, Gpu, GpuRequestError, GpusBusy, Holder, choose
+from gpud.runs.gpus import (
+    FOREIGN_MEMORY_BYTES,
+    Gpu,
+    GpuRequestError,
+    GpusBusy,
+    Holder,
+    choose,
+    closeness_from,
+)
 from gpud.snapshot import NodeSnapshot
 from gpud.store import LeaseConflict, Store
 from launch.spec import RunSpec
@@ -84,8 +92,10 @@ class GpuLeases:
         gpus = [Gpu(g.index, g.uuid) for g in snapshot.gpus if not g.lost]
         if not gpus and spec.gpus is None:
             return []  # a node without GPUs (gloo on CPU): nothing to lease
+        closeness = closeness_from({g.index: g.peer_distance for g in snapshot.gpus})
         try:
-            return choose(spec.gpus, spec.nproc_per_node, gpus, self.busy(snapshot))
+            busy = self.busy(snapshot)
+            return choose(spec.gpus, spec.nproc_per_node, gpus, busy, closeness)
         except GpuRequestError as exc:
             raise ProtocolError(ErrorCode.INVALID_BODY, f"{self.node}: {exc}") from None
         except GpusBusy as exc:

@@ -171,8 +171,13 @@ class FakeNvml:
         init_error: int | None = None,
         events_supported: bool = True,
         cuda_version: int = 12040,
+        topology: dict[tuple[int, int], int] | None = None,
+        nvlink_pairs: frozenset[tuple[int, int]] = frozenset(),
     ) -> None:
         self.gpus = gpus
+        # (i, j) with i < j → NVML_TOPOLOGY_* level; absent: NOT_SUPPORTED (no topology)
+        self.topology = topology
+        self.nvlink_pairs = nvlink_pairs
         self.init_error = init_error
         self.events_supported = events_supported
         self.cuda_version = cuda_version
@@ -349,6 +354,22 @@ class FakeNvml:
     # -- health --------------------------------------------------------------------------
 
     @_device_call
+    def _pair(self, a: FakeGpu, b: FakeGpu) -> tuple[int, int]:
+        i, j = self.gpus.index(a), self.gpus.index(b)
+        return (min(i, j), max(i, j))
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: FakeGpu, b: FakeGpu) -> int:
+        self.calls["nvmlDeviceGetTopologyCommonAncestor"] += 1
+        if self.topology is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.topology[self._pair(a, b)]
+
+    def nvmlDeviceGetP2PStatus(self, a: FakeGpu, b: FakeGpu, caps: int) -> int:
+        assert caps == pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+        if self._pair(a, b) in self.nvlink_pairs:
+            return int(pynvml.NVML_P2P_STATUS_OK)
+        return int(pynvml.NVML_P2P_STATUS_NOT_SUPPORTED)
+
     def nvmlDeviceGetPersistenceMode(self, gpu: FakeGpu) -> int:
         return gpu.persistence
 

@@ -12,6 +12,7 @@ import pytest
 
 from gpud.hardware.nvml import NvmlSampler, NvmlUnavailable
 from gpud.hardware.nvml_fields import clock_event_reasons, cuda_version
+from gpud.runs.gpus import Gpu, choose, closeness_from
 from gpud.snapshot import GpuSample
 from tests.unit.gpud.hardware.fake_nvml import GIB, FakeGpu, FakeNvLink, FakeNvml, h100, rtx4090
 
@@ -586,3 +587,30 @@ def test_open_with_no_gpus_is_unavailable_and_shuts_nvml_down() -> None:
 
 def test_gpu_count(open_sampler: OpenSampler) -> None:
     assert open_sampler(FakeNvml([h100(0), h100(1), FakeGpu()])).gpu_count() == 3
+
+
+def test_topology_is_read_once_and_a_count_of_gpus_is_leased_close_together(
+    open_sampler: OpenSampler,
+) -> None:
+    # Two PCIe switches, GPUs 0+2 on one and 1+3 on the other; the host bridge between.
+    single, bridge = pynvml.NVML_TOPOLOGY_SINGLE, pynvml.NVML_TOPOLOGY_HOSTBRIDGE
+    levels = {(0, 1): bridge, (0, 2): single, (0, 3): bridge, (1, 2): bridge, (1, 3): single}
+    levels[(2, 3)] = bridge
+
+    def two_of(nvml: FakeNvml) -> list[int]:
+        samples = open_sampler(nvml).sample()
+        gpus = [Gpu(s.index, s.uuid) for s in samples]
+        closeness = closeness_from({s.index: s.peer_distance for s in samples})
+        return [g.index for g in choose(2, "auto", gpus, {}, closeness)]
+
+    pcie = FakeNvml([h100() for _ in range(4)], topology=levels)
+    assert two_of(pcie) == [0, 2]
+    assert pcie.calls["nvmlDeviceGetTopologyCommonAncestor"] == 12  # at open, not per sample
+    nvlink = FakeNvml([h100() for _ in range(4)], topology=levels, nvlink_pairs=frozenset({(1, 3)}))
+    assert two_of(nvlink) == [1, 3]
+    nvlink_samples = open_sampler(
+        FakeNvml([h100() for _ in range(4)], topology=levels, nvlink_pairs=frozenset({(1, 3)}))
+    ).sample()
+    assert nvlink_samples[1].peer_distance == {0: bridge, 2: bridge, 3: 0}
+    unknown = FakeNvml([h100() for _ in range(4)])  # no topology: the lowest free indices
+    assert two_of(unknown) == [0, 1]
