@@ -392,6 +392,8 @@ class Supervisor:
             raise ProtocolError(ErrorCode.INVALID_BODY, "master_port: needed unless queued_at")
         gpus: list[Gpu] = []
         try:
+            if not queued and not req.dry_run:
+                self._check_queue(run, run.queue_key)  # no jumping this node's queue
             gpus = self.leases.choose(spec.name, spec)
         except ProtocolError as exc:
             if not queued or exc.code is not ErrorCode.UNAVAILABLE:
