@@ -195,6 +195,9 @@ class RunRecord(Reading):
     queued_at: float | None = Field(
         None, description="when node 0 queued it: the run's place in every node's queue"
     )
+    queued_restart: bool = Field(
+        False, description="it waits in the queue for an automatic restart (counts as one)"
+    )
 
     @property
     def queue_key(self) -> tuple[float, str]:
@@ -216,6 +219,7 @@ class RunChanges(TypedDict, total=False):
     stop_requested: bool
     next_restart_at: float | None
     queued_at: float | None
+    queued_restart: bool
 
 
 class RunEvent(Reading):

@@ -427,6 +427,7 @@ class Gang:
         a queued run's start. With its GPUs busy somewhere it is refused (ProtocolError
         `unavailable`), or with `queue` it waits: the run is `queued`, holding nothing."""
         spec = parse_spec(run.spec)
+        automatic = automatic or run.queued_restart
         fresh = not self.book.store.attempts(run.id)  # queued at launch: nothing ran yet
         attempt = run.attempt if fresh else run.attempt + 1
         queued = run.state is RunState.QUEUED
@@ -450,6 +451,7 @@ class Gang:
                 next_attempt=True,
                 queued_at=key[0],
                 next_restart_at=None,
+                queued_restart=automatic,
             )
         self._queue_tried.pop(run.id, None)
         resume_from = None if fresh else find_checkpoint(run)
@@ -467,6 +469,7 @@ class Gang:
             stop_requested=False,
             next_restart_at=None,
             restarts=run.restarts + (1 if automatic else 0),
+            queued_restart=False,
         )
         self.views[run.id] = GangView(run.nodes, since=self.book.clock())
         self._orphans.pop(run.id, None)
@@ -541,7 +544,11 @@ class Gang:
         """Stop a queued run: it leaves every node's queue, and holds nothing anywhere."""
         fresh = not self.book.store.attempts(run.id)
         run = self.book.move(
-            run.id, RunState.STOPPED, f"{reason} (cancelled while queued)", stop_requested=True
+            run.id,
+            RunState.STOPPED,
+            f"{reason} (cancelled while queued)",
+            stop_requested=True,
+            queued_restart=False,
         )
         self._queue_tried.pop(run.id, None)
         await self._release(run, run.attempt if fresh else run.attempt + 1, cancel=reason)

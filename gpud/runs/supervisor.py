@@ -54,6 +54,7 @@ from gpud.runmodel import (
     RunRecord,
     RunState,
     TrainerMessage,
+    can_move,
     gpus_text,
 )
 from gpud.runs import gang
@@ -425,7 +426,9 @@ class Supervisor:
             raise ProtocolError(
                 ErrorCode.CONFLICT, f"attempt {part.record.attempt} still runs on {self.node}"
             )
-        if req.queue and run.state is not RunState.QUEUED:
+        waits = can_move(run.state, RunState.QUEUED, next_attempt=True)
+        if req.queue and run.state is not RunState.QUEUED and waits:
+            # (A part node 0 gave up on may still read `running` here: no queue entry then.)
             run = self.book.move(
                 run.id,
                 RunState.QUEUED,
