@@ -180,6 +180,16 @@ class RunBook:
                     log.exception("run %s: an end hook failed", run.id)
         return run
 
+    def cancel_queued(self, run_id: str, reason: str) -> RunRecord:
+        """A queued run is stopped before it started: it leaves the queue as `stopped`."""
+        return self.move(
+            run_id,
+            RunState.STOPPED,
+            f"{reason} (cancelled while queued)",
+            stop_requested=True,
+            queued_restart=False,
+        )
+
     def event(
         self,
         run: RunRecord,

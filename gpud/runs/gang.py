@@ -428,8 +428,7 @@ class Gang:
         `unavailable`), or with `queue` it waits: the run is `queued`, holding nothing."""
         spec = parse_spec(run.spec)
         automatic = automatic or run.queued_restart
-        fresh = not self.book.store.attempts(run.id)  # queued at launch: nothing ran yet
-        attempt = run.attempt if fresh else run.attempt + 1
+        attempt, fresh = self._next_attempt(run)
         queued = run.state is RunState.QUEUED
         key = run.queue_key if queued else (self.book.clock(), run.id)
         refusal = await self._reserve(run, spec, attempt, key, queue)
@@ -542,17 +541,17 @@ class Gang:
 
     async def cancel(self, run: RunRecord, reason: str) -> RunRecord:
         """Stop a queued run: it leaves every node's queue, and holds nothing anywhere."""
-        fresh = not self.book.store.attempts(run.id)
-        run = self.book.move(
-            run.id,
-            RunState.STOPPED,
-            f"{reason} (cancelled while queued)",
-            stop_requested=True,
-            queued_restart=False,
-        )
+        attempt, _ = self._next_attempt(run)
+        run = self.book.cancel_queued(run.id, reason)
         self._queue_tried.pop(run.id, None)
-        await self._release(run, run.attempt if fresh else run.attempt + 1, cancel=reason)
+        await self._release(run, attempt, cancel=reason)
         return self.book.get(run.id) or run
+
+    def _next_attempt(self, run: RunRecord) -> tuple[int, bool]:
+        """The number the run's next attempt gets, and whether it is its first: a run
+        queued at launch has no attempt yet, so its first start is attempt 1."""
+        fresh = not self.book.store.attempts(run.id)
+        return (run.attempt if fresh else run.attempt + 1), fresh
 
 
 def master_host(spec: RunSpec, nodes: list[NodeRef]) -> str:

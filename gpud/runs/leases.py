@@ -15,6 +15,7 @@ part came to use (node 0 went away in between) expires after `RESERVATION_TTL_S`
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -112,10 +113,7 @@ class GpuLeases:
         ]
 
     def take(self, run_id: str, run_name: str, spec: RunSpec, attempt: int) -> list[Gpu]:
-        """The attempt's reservation if it has one, else choose and lease, all or nothing."""
-        reserved = self.held(run_id, attempt)
-        if reserved:
-            return reserved
+        """Choose and lease, all or nothing (see `held` for a reservation already taken)."""
         chosen = self.choose(run_name, spec)
         if not chosen:
             return []
@@ -134,26 +132,28 @@ class GpuLeases:
         """Give back the attempt's GPUs (every attempt's, without one)."""
         self.store.release_gpus(run_id, attempt)
 
-    def expire(self, live: Iterable[tuple[str, int]], now: float) -> list[str]:
-        """Give back reservations that no live part uses and that are older than the TTL;
-        returns the run ids."""
-        keep = set(live)
-        expired = {
-            (lease.run_id, lease.attempt)
-            for lease in self.store.gpu_leases()
-            if (lease.run_id, lease.attempt) not in keep
-            and now - lease.leased_at > RESERVATION_TTL_S
-        }
-        for run_id, attempt in expired:
-            self.store.release_gpus(run_id, attempt)
+    def expire(self, live: Iterable[tuple[str, int]], now: float) -> None:
+        """Give back reservations no live part uses that are older than the TTL."""
+        for run_id, attempt in self._release_unused(live, now - RESERVATION_TTL_S):
             log.warning("run %s: reservation for attempt %d expired unused", run_id, attempt)
-        return [run_id for run_id, _ in expired]
 
     def sweep(self, live: Iterable[tuple[str, int]]) -> None:
         """At start-up: drop leases whose part is not live any more (it ended while the
-        daemon was down and its ending was already settled)."""
+        daemon was down and its ending was already settled, or it was never started)."""
+        for run_id, attempt in self._release_unused(live, math.inf):
+            log.info("run %s: released the stale lease of attempt %d", run_id, attempt)
+
+    def _release_unused(
+        self, live: Iterable[tuple[str, int]], leased_before: float
+    ) -> list[tuple[str, int]]:
         keep = set(live)
-        for lease in self.store.gpu_leases():
-            if (lease.run_id, lease.attempt) not in keep:
-                self.store.release_gpus(lease.run_id, lease.attempt)
-                log.info("run %s: released stale lease of GPU %d", lease.run_id, lease.gpu_index)
+        unused = sorted(
+            {
+                (lease.run_id, lease.attempt)
+                for lease in self.store.gpu_leases()
+                if (lease.run_id, lease.attempt) not in keep and lease.leased_at < leased_before
+            }
+        )
+        for run_id, attempt in unused:
+            self.store.release_gpus(run_id, attempt)
+        return unused

@@ -253,7 +253,8 @@ class Supervisor:
     ) -> Part:
         """Start this node's part of an attempt (its shim, its torchrun) on the GPUs it
         leases here; raises a ProtocolError, with nothing leased, when it cannot have them."""
-        gpus = self.leases.take(run.id, run.name, spec, attempt)
+        held = self.leases.held(run.id, attempt)  # reserved by node 0's all-or-none round
+        gpus = held or self.leases.take(run.id, run.name, spec, attempt)
         try:
             return self._start_part(run, spec, attempt, master_addr, master_port, resume_from, gpus)
         except BaseException:
@@ -399,22 +400,18 @@ class Supervisor:
         except ProtocolError as exc:
             if not queued or exc.code is not ErrorCode.UNAVAILABLE:
                 raise
-        if queued:
-            run = self.book.add(run.model_copy(update={"queued_at": req.queued_at}))
-        else:
-            run = self.book.add(run) if not req.dry_run else run
         if req.dry_run:
             port = req.master_port or 0
             place = self._placement(run, spec, req.attempt, req.master_addr, port, None, gpus)
             return JoinReply(run=self.book.summary(run), plan=self._plan(run, spec, place))
+        run = self.book.add(run.model_copy(update={"queued_at": req.queued_at}))
         if nodes[0].server_key:
             self.peer_keys.grant(nodes[0].server_key, run.id)
+        self.book.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
         if queued:
-            self.book.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
             run = self.book.move(run.id, RunState.QUEUED, "node 0 starts it when its GPUs free up")
             return JoinReply(run=self.book.summary(run))
         assert req.master_port is not None
-        self.book.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
         self.start_part(run, spec, req.attempt, req.master_addr, req.master_port, None)
         run = self.book.move(run.id, RunState.STARTING, f"attempt {req.attempt}")
         return JoinReply(run=self.book.summary(run))
@@ -445,10 +442,7 @@ class Supervisor:
         run = self._coordinated(req.run_id, caller)
         self.release_gpus(run, req.attempt)
         if req.cancel is not None and run.state is RunState.QUEUED:
-            self.book.move(
-                run.id, RunState.STOPPED, f"{req.cancel} (cancelled while queued)",
-                stop_requested=True,
-            )  # fmt: skip
+            self.book.cancel_queued(run.id, req.cancel)
         return PartReservation(node=self.node)
 
     def _coordinated(self, run_id: str, caller: Caller) -> RunRecord:
@@ -537,11 +531,7 @@ class Supervisor:
             if run.is_coordinator:
                 return self.book.summary(await self.gang.cancel(run, reason))
             self.leases.release(run.id)  # a reservation node 0 made (no part runs)
-            run = self.book.move(
-                run.id, RunState.STOPPED, f"{reason} (cancelled while queued)",
-                stop_requested=True,
-            )  # fmt: skip
-            return self.book.summary(run)
+            return self.book.summary(self.book.cancel_queued(run.id, reason))
         run = self.book.update(run.id, stop_requested=True, next_restart_at=None)
         own = self.book.part(run.id)
         idle = own is None or own.record.state.terminal

@@ -23,6 +23,7 @@ from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     FAST,
     ROOT,
+    force_stop,
     launch,
     nothing_left,
     ranks_of,
@@ -44,13 +45,6 @@ def visible_devices(run_id: str) -> set[str]:
             return {proc.environ().get("CUDA_VISIBLE_DEVICES", "") for proc in ranks.values()}
         time.sleep(0.2)
     raise AssertionError(f"the ranks of {run_id} never showed up")
-
-
-def stop(daemon: RunningDaemon, run_id: str) -> None:
-    result = gpuctl("--node", daemon.address, "stop", run_id, "--force")
-    assert result.returncode == 0, result.stderr
-    wait_for(daemon, run_id, {"stopped", "failed", "succeeded"}, timeout=60)
-    nothing_left(run_id)
 
 
 def refused(daemon: RunningDaemon, *sets: str) -> str:
@@ -89,11 +83,11 @@ def test_two_runs_get_disjoint_gpus_and_a_third_is_refused_naming_the_holders(
             f"0 free: GPU 0-3 held by run {first} (cpu-ddp); GPU 4-7 held by run {second} "
             "(cpu-ddp) [unavailable]"
         )
-        stop(daemon, first)
+        force_stop(daemon, first)
         assert status(daemon, first).run.gpus == []  # an ended run holds nothing
         third = launch(daemon, FAST, LONG, "gpus=4")  # gets what the first gave back
         assert visible_devices(third) == {"0,1,2,3"}
-        stop(daemon, third)
+        force_stop(daemon, third)
     finally:
         gpuctl("--node", daemon.address, "stop", second, "--force")
     wait_for(daemon, second, {"stopped"}, timeout=60)
@@ -123,7 +117,7 @@ def test_a_foreign_process_keeps_its_gpu_out_of_every_lease(
         assert rows["2"].endswith(") outside gpud") and f"pid {sleeper.pid} (" in rows["2"]
         assert all(rows[i].endswith(" -") for i in "567"), rows
     finally:
-        stop(daemon, run_id)
+        force_stop(daemon, run_id)
     sleeper.kill()
     sleeper.wait()
     time.sleep(1.0)  # the next samples no longer show it
@@ -150,7 +144,7 @@ def test_leases_survive_a_daemon_kill_and_no_gpu_is_leased_twice(daemons: Daemon
         assert visible_devices(second) == {"4,5,6,7"}
         line = refused(again, "gpus=[3]")
         assert f"GPU 3 held by run {first} (cpu-ddp)" in line
-        stop(again, second)
+        force_stop(again, second)
     finally:
         gpuctl("--node", again.address, "stop", first, "--force")
     wait_for(again, first, {"stopped"}, timeout=60)
@@ -162,7 +156,7 @@ def test_resume_takes_gpus_again_and_is_refused_while_they_are_busy(
 ) -> None:
     first = launch(daemon, FAST, LONG, "gpus=all")
     wait_for_step(daemon, first, 3)
-    stop(daemon, first)
+    force_stop(daemon, first)
     other = launch(daemon, FAST, LONG, "gpus=1")
     try:
         result = gpuctl("--node", daemon.address, "resume", first)
@@ -170,12 +164,12 @@ def test_resume_takes_gpus_again_and_is_refused_while_they_are_busy(
         assert "needs 8 GPU(s), 7 free: GPU 0 held by run" in result.stderr
         assert status(daemon, first).run.state is RunState.STOPPED  # nothing half started
     finally:
-        stop(daemon, other)
+        force_stop(daemon, other)
     result = gpuctl("--node", daemon.address, "resume", first)
     assert result.returncode == 0, result.stderr
     assert visible_devices(first) == {"0,1,2,3,4,5,6,7"}
     assert status(daemon, first).attempts[-1].gpus == list(range(8))
-    stop(daemon, first)
+    force_stop(daemon, first)
 
 
 # --------------------------------------------------------------------------- dry runs, specs

@@ -11,7 +11,16 @@ from collections.abc import Callable
 
 from gpud.runmodel import RunState
 from tests.support.daemons import RunningDaemon, gpuctl
-from tests.support.runs import FAST, ROOT, launch, nothing_left, status, wait_for, wait_for_step
+from tests.support.runs import (
+    FAST,
+    ROOT,
+    force_stop,
+    launch,
+    nothing_left,
+    status,
+    wait_for,
+    wait_for_step,
+)
 
 LONG = "training.max_steps=100000"
 CONFIG = str(ROOT / "config/examples/cpu-ddp.yaml")
@@ -51,13 +60,6 @@ def gpus_column(daemon: RunningDaemon, run_id: str) -> str:
     return ps(daemon)[run_id][4]
 
 
-def stop(daemon: RunningDaemon, run_id: str) -> None:
-    result = gpuctl("--node", daemon.address, "stop", run_id, "--force")
-    assert result.returncode == 0, (result.stdout, result.stderr)
-    wait_for(daemon, run_id, {"stopped", "failed", "succeeded"}, timeout=60)
-    nothing_left(run_id)
-
-
 def test_a_third_run_waits_in_the_queue_then_gets_the_freed_gpus(daemon: RunningDaemon) -> None:
     first = launch(daemon, FAST, LONG, "gpus=4")
     second = launch(daemon, FAST, LONG, "gpus=4")
@@ -75,7 +77,7 @@ def test_a_third_run_waits_in_the_queue_then_gets_the_freed_gpus(daemon: Running
         time.sleep(2)  # several queue rounds: nothing moves while the GPUs are busy
         assert status(daemon, third).run.state is RunState.QUEUED
 
-        stop(daemon, first)
+        force_stop(daemon, first)
         s = wait_for(daemon, third, {"running"}, timeout=60)
         assert s.attempts[-1].gpus == [0, 1, 2, 3]  # what the first gave back
         assert state_column(daemon, fourth) == "queued #1"
@@ -110,11 +112,11 @@ def test_a_resume_waits_in_the_queue_when_its_gpus_are_busy(daemon: RunningDaemo
         assert state_column(daemon, first) == "queued #1"
         assert status(daemon, first).attempts[-1].attempt == 1  # no attempt until it starts
     finally:
-        stop(daemon, other)
+        force_stop(daemon, other)
     s = wait_for(daemon, first, {"running"}, timeout=60)
     assert [a.attempt for a in s.attempts] == [1, 2]
     assert s.attempts[-1].gpus == list(range(8)) and s.attempts[-1].resume_from
-    stop(daemon, first)
+    force_stop(daemon, first)
 
 
 def test_two_multi_node_runs_queued_on_two_daemons_both_finish(daemons: Daemons) -> None:
@@ -133,7 +135,7 @@ def test_two_multi_node_runs_queued_on_two_daemons_both_finish(daemons: Daemons)
             table = ps(node)
             assert table[a][4] == table[b][4] == "-", table
         assert state_column(n1, a) == "queued #1" and state_column(n1, b) == "queued #2"
-        stop(n1, blocker)
+        force_stop(n1, blocker)
         # First come, first served on every node: a starts, b waits for all of it.
         s = wait_for(n0, a, {"running", "succeeded"}, timeout=60)
         assert [p.gpus for p in s.parts] in ([list(range(8))] * 2, [[], []])

@@ -107,6 +107,14 @@ def kill_rank(run_id: str, rank: int, timeout: float = 60) -> int:
     raise AssertionError(f"rank {rank} of {run_id} never showed up")
 
 
+def force_stop(daemon: RunningDaemon, run_id: str) -> None:
+    """`gpuctl stop --force`, then the run has ended and nothing of it is left."""
+    result = gpuctl("--node", daemon.address, "stop", run_id, "--force")
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    wait_for(daemon, run_id, {"stopped", "failed", "succeeded"}, timeout=60)
+    nothing_left(run_id)
+
+
 def nothing_left(run_id: str, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
