@@ -172,6 +172,27 @@ def test_resume_takes_gpus_again_and_is_refused_while_they_are_busy(
     force_stop(daemon, first)
 
 
+def test_the_deepspeed_launcher_puts_its_ranks_on_the_leased_gpus(daemon: RunningDaemon) -> None:
+    """A real `deepspeed` launcher run: --include, not CUDA_VISIBLE_DEVICES, picks its GPUs."""
+    run_id = launch(
+        daemon,
+        "launcher=deepspeed",
+        "gpus=[2, 3]",
+        "args=[--width, '64', --depth, '2']",
+        LONG,
+        config=ROOT / "config/examples/cpu-deepspeed-zero2.yaml",
+    )
+    wait_for_step(daemon, run_id, 3)
+    assert visible_devices(run_id) == {"2,3"}
+    assert status(daemon, run_id).run.gpus == [2, 3]
+    result = gpuctl("--node", daemon.address, "stop", run_id)
+    assert result.returncode == 0, result.stderr
+    s = wait_for(daemon, run_id, {"stopped", "failed"}, timeout=60)
+    assert s.run.state is RunState.STOPPED and s.run.gpus == []
+    assert s.run.last_checkpoint is not None  # the launcher passed the stop on to the ranks
+    nothing_left(run_id)
+
+
 # --------------------------------------------------------------------------- dry runs, specs
 
 

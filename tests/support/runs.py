@@ -91,7 +91,10 @@ def ranks_of(run_id: str) -> dict[int, psutil.Process]:
             env = proc.environ()
         except psutil.Error:
             continue
-        if "RANK" in env and "LOCAL_RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+        # torchrun's workers carry TORCHELASTIC_RUN_ID, DeepSpeed launcher's CROSS_RANK; a
+        # launcher process itself has neither.
+        launched = "TORCHELASTIC_RUN_ID" in env or "CROSS_RANK" in env
+        if "RANK" in env and "LOCAL_RANK" in env and launched:
             found[int(env["RANK"])] = proc
     return found
 
