@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 from gpud.runmodel import (
     AttemptRecord,
     CheckpointRef,
+    FailureCause,
     GpuTrouble,
     HealthSummary,
     NodeRef,
@@ -280,6 +281,7 @@ class PartView(Reading):
     seen_at: float | None = None
     error: str | None = Field(None, description="why the node could not be asked")
     gpus: list[int] = Field(default_factory=list, description="GPU indices the part holds")
+    cause: FailureCause | None = Field(None, description="why it failed, as its node found")
 
 
 class RunSummary(Reading):
@@ -307,6 +309,7 @@ class RunSummary(Reading):
     next_restart_at: float | None = None
     queued_at: float | None = None
     queue_position: int | None = Field(None, description="1: next in this node's queue")
+    cause: FailureCause | None = Field(None, description="why the latest failed attempt failed")
 
     @property
     def state_label(self) -> str:
@@ -335,6 +338,7 @@ class PartPlan(Reading):
     env: dict[str, str]
     cwd: str
     files: dict[str, str] = Field(default_factory=dict)
+    unset: list[str] = Field(default_factory=list, description="variables removed (env -u)")
 
 
 class LaunchReply(Reading):

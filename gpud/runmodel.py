@@ -88,6 +88,92 @@ def can_move(old: RunState, new: RunState, next_attempt: bool = False) -> bool:
     return next_attempt and new in NEXT_ATTEMPT.get(old, frozenset())
 
 
+class CauseKind(str, Enum):
+    """What kind of failure ended an attempt; `restart.on` lists the kinds worth a restart."""
+
+    USER = "user"  # an exception in the training code
+    IMPORT = "import"  # ImportError / ModuleNotFoundError: the environment, not the data
+    OOM = "oom"  # CUDA out of memory, or the kernel's OOM killer
+    NCCL = "nccl"  # NCCL errors and collective timeouts
+    NETWORK = "network"  # gloo connection errors, address in use, a node lost
+    SIGNAL = "signal"  # a rank killed by a signal (SIGKILL, SIGSEGV, SIGABRT...)
+    HARDWARE = "hardware"  # an XID or a lost GPU on one of the run's GPUs
+    HANG = "hang"  # stalled for restart.hang_timeout_s
+    LAUNCH = "launch"  # the launcher could not start, or died without a word
+    UNKNOWN = "unknown"  # a non-zero exit and nothing that says why
+
+    @property
+    def label(self) -> str:
+        return _CAUSE_LABELS[self]
+
+
+_CAUSE_LABELS = {
+    CauseKind.USER: "user code",
+    CauseKind.IMPORT: "import error",
+    CauseKind.OOM: "out of memory",
+    CauseKind.NCCL: "NCCL",
+    CauseKind.NETWORK: "network",
+    CauseKind.SIGNAL: "signal",
+    CauseKind.HARDWARE: "hardware",
+    CauseKind.HANG: "hang",
+    CauseKind.LAUNCH: "launcher",
+    CauseKind.UNKNOWN: "unknown",
+}
+
+#: restart.on when the spec does not say: failures a fresh attempt can get past.
+DEFAULT_RESTART_ON = (
+    CauseKind.NCCL,
+    CauseKind.NETWORK,
+    CauseKind.HARDWARE,
+    CauseKind.HANG,
+    CauseKind.SIGNAL,
+)
+
+
+#: Kinds that are often an echo: a rank whose peer died sees a connection error.
+ECHO_KINDS = frozenset({CauseKind.NETWORK, CauseKind.NCCL})
+
+
+class FailureCause(Reading):
+    """Why an attempt failed: found on the node where it started, chosen by node 0."""
+
+    kind: CauseKind
+    summary: str = Field(description="one line, e.g. 'ValueError: bad shard 17'")
+    rank: int | None = Field(None, description="the global rank where it started")
+    node_rank: int | None = None
+    node: str | None = Field(None, description="that node's name")
+    step: int | None = Field(
+        None, description="the last step reported before it (0-based index, as last_step)"
+    )
+    attempt: int | None = None
+    time: float | None = Field(None, description="when it happened, as far as known")
+    source: str = Field(
+        "", description="where it was read: error file, traceback, signal, log, nvml, health"
+    )
+    lines: list[str] = Field(default_factory=list, description="log lines around it")
+
+    def one_line(self) -> str:
+        """`rank 1 on node B: ValueError: bad shard 17 (user code, step 1 of attempt 1)`."""
+        node = self.node if self.node is not None else self.node_rank
+        if self.rank is not None:
+            head = f"rank {self.rank}" + (f" on node {node}" if node is not None else "")
+        elif self.node_rank is not None and self.node not in (None, str(self.node_rank)):
+            head = f"node {self.node_rank} ({self.node})"
+        else:
+            head = f"node {node}" if node is not None else ""
+        when = [self.kind.label]
+        if self.step is not None and self.attempt is not None:
+            # Steps as every view counts them: done, not the 0-based index.
+            when.append(f"step {completed_steps(self.step)} of attempt {self.attempt}")
+        elif self.attempt is not None:
+            when.append(f"attempt {self.attempt}")
+        return f"{head + ': ' if head else ''}{self.summary} ({', '.join(when)})"
+
+    def same_failure(self, other: FailureCause) -> bool:
+        """The same error at the same step: another attempt would fail the same way."""
+        return (self.kind, self.summary, self.step) == (other.kind, other.summary, other.step)
+
+
 class NodeRef(Reading):
     """A daemon as a peer sees it: where it is and which key to pin."""
 
@@ -108,6 +194,7 @@ class ExitInfo(Reading):
         False, description="a rank aborted at interpreter exit after training finished"
     )
     leftovers_killed: list[int] = Field(default_factory=list)
+    cause: FailureCause | None = Field(None, description="why it failed, when it did")
 
 
 class CheckpointRef(Reading):
@@ -198,6 +285,7 @@ class RunRecord(Reading):
     queued_restart: bool = Field(
         False, description="it waits in the queue for an automatic restart (counts as one)"
     )
+    cause: FailureCause | None = Field(None, description="why its latest failed attempt failed")
 
     @property
     def queue_key(self) -> tuple[float, str]:
@@ -220,6 +308,7 @@ class RunChanges(TypedDict, total=False):
     next_restart_at: float | None
     queued_at: float | None
     queued_restart: bool
+    cause: FailureCause | None
 
 
 class RunEvent(Reading):

@@ -43,6 +43,19 @@ DEEPSPEED_HOSTFILE = "hostfile"
 QUIET_STEPS_PER_PRINT = 10**9
 
 
+#: What torchrun gives its workers; a lone `launcher: python` process gets none of them.
+DISTRIBUTED_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where one node's part of a run sits in the gang, and the paths gpud chose for it."""
@@ -83,6 +96,14 @@ class Command:
     env: dict[str, str]  # ONLY what gpud adds on top of the inherited environment
     cwd: str
     files: dict[str, str]  # file name (written into attempt_dir by the caller) -> content
+    unset: tuple[str, ...] = ()  # inherited variables the processes must not see
+
+    def environ(self, inherited: dict[str, str]) -> dict[str, str]:
+        """The processes' whole environment: inherited, plus what gpud adds, less unset."""
+        env = {**inherited, **self.env}
+        for name in self.unset:
+            env.pop(name, None)
+        return env
 
 
 # --------------------------------------------------------------------------- resolving "auto"
@@ -309,6 +330,12 @@ def build_command(spec: RunSpec, place: Placement) -> Command:
     if place.resume_from is not None:
         argv += spec.resume.args
     env = base_env(spec, place, backend=resolve_backend(spec, place.gpu_count))
+    single = spec.launcher is Launcher.PYTHON and not spec.distributed_env
+    if single:
+        # A lone process is not one rank of many: scripts read RANK/MASTER_ADDR as "torchrun
+        # started me" and wait for peers that never come (or init nccl on a CPU box).
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            env.pop(name)
     files: dict[str, str] = {}
     if spec.deepspeed is not None:
         config_path = f"{place.attempt_dir}/{DEEPSPEED_CONFIG_FILE}"
@@ -321,14 +348,21 @@ def build_command(spec: RunSpec, place: Placement) -> Command:
     elif spec.launcher is Launcher.ACCELERATE and _accelerate_on_cpu(spec, place.gpu_count):
         env["ACCELERATE_USE_CPU"] = "1"
     elif spec.launcher is Launcher.PYTHON:
-        # What torchrun would give a single worker, so trainers need no special case.
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        # torch's error-file contract, which torchrun gives each of its workers.
+        env["TORCHELASTIC_ERROR_FILE"] = f"{place.attempt_dir}/errors/rank-0.json"
+        if not single:  # distributed_env: what torchrun would give a single worker
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     if place.gpus:
         # Indices as NVML (and so the lease) counts them, not CUDA's fastest-first order.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         if spec.launcher is not Launcher.DEEPSPEED:  # DeepSpeed's runner: --include
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, place.gpus))
-    # The user's own variables come last: they may tune any preset above.
-    env.update(spec.env)
+    # The user's own variables come last: they may tune any preset above, or remove one.
+    unset = [name for name, value in spec.env.items() if value is None]
+    if single:  # nor inherited from a daemon that was itself started by torchrun
+        unset += [n for n in DISTRIBUTED_VARS if n not in spec.env and n not in unset]
+    env.update({name: value for name, value in spec.env.items() if value is not None})
+    for name in unset:
+        env.pop(name, None)
     cwd = spec.workdir or place.run_dir
-    return Command(argv=argv, env=env, cwd=cwd, files=files)
+    return Command(argv=argv, env=env, cwd=cwd, files=files, unset=tuple(unset))

@@ -46,6 +46,8 @@ def contract_env(spec: RunSpec, place: Placement, backend: str) -> dict[str, str
         "GPUD_CHECKPOINT_DIR": place.checkpoint_dir,
         "GPUD_CHECKPOINT_KEEP": str(spec.checkpoint.keep_last),
         "GPUD_BACKEND": backend,
+        # Where a rank that torchrun did not start records an uncaught exception.
+        "GPUD_ERROR_DIR": f"{place.attempt_dir}/errors",
     }
     if place.resume_from is not None:
         env["GPUD_RESUME_FROM"] = place.resume_from

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpud.endpoints import AddressError, parse_endpoint
+from gpud.runmodel import DEFAULT_RESTART_ON, CauseKind
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -161,6 +162,18 @@ class RestartSettings(SpecModel):
     max_attempts: int = Field(0, ge=0, le=1000, description="automatic restarts after failure")
     backoff_s: float = Field(10.0, ge=0, le=3600, description="wait before the first restart")
     backoff_max_s: float = Field(300.0, ge=0, le=86400, description="cap of the doubling wait")
+    on: list[CauseKind] = Field(
+        default_factory=lambda: list(DEFAULT_RESTART_ON),
+        description="the failure causes worth a restart (user code is not, by default): "
+        + ", ".join(kind.value for kind in CauseKind),
+    )
+    hang_timeout_s: float | None = Field(
+        None,
+        ge=5,
+        le=86400,
+        description="a run health calls stalled this long is stopped as a hang and restarted"
+        " from its latest checkpoint (when `on` has hang and restarts are left); unset: never",
+    )
 
 
 class MetricPattern(SpecModel):
@@ -238,7 +251,17 @@ class RunSpec(SpecModel):
         None, description="interpreter on the nodes (default: the one gpud runs under)"
     )
     workdir: str | None = Field(None, description="working directory (relative to this file)")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    env: dict[str, str | None] = Field(
+        default_factory=dict,
+        description="extra environment; a number or true/false is taken as its text, and"
+        " null removes a variable the processes would otherwise inherit or get from gpud",
+    )
+    distributed_env: bool | None = Field(
+        None,
+        description="give a `launcher: python` process RANK, WORLD_SIZE, LOCAL_RANK and"
+        " MASTER_* as torchrun would (default: not, so a script does not take itself for"
+        " one rank of many); the other launchers set them themselves",
+    )
     backend: Literal["nccl", "gloo", "auto"] = Field(
         "auto", description="auto: nccl on GPUs, gloo on CPU"
     )
@@ -315,9 +338,17 @@ class RunSpec(SpecModel):
             raise ValueError("a node is listed twice")
         return value
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, value: Any) -> Any:
+        """`--set env.X=1` and `X: 1` in YAML mean the text "1", as a shell would have it."""
+        if not isinstance(value, dict):
+            return value
+        return {key: _env_value(v) for key, v in value.items()}
+
     @field_validator("env")
     @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+    def _env(cls, value: dict[str, str | None]) -> dict[str, str | None]:
         for key in value:
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not an environment variable name")
@@ -329,6 +360,11 @@ class RunSpec(SpecModel):
     def _consistent(self) -> RunSpec:
         if (self.script is None) == (self.module is None):
             raise ValueError("give exactly one of `script` and `module`")
+        if self.distributed_env is not None and self.launcher is not Launcher.PYTHON:
+            raise ValueError(
+                "distributed_env is for launcher: python; torchrun, deepspeed and accelerate"
+                " always give their ranks RANK and WORLD_SIZE"
+            )
         if self.launcher is Launcher.PYTHON:
             if self.nproc_per_node not in (1, "auto"):
                 raise ValueError("launcher: python starts one process; use nproc_per_node: 1")
@@ -351,6 +387,14 @@ class RunSpec(SpecModel):
     @property
     def entry(self) -> str:
         return self.script or self.module or ""
+
+
+def _env_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
 
 
 # --------------------------------------------------------------------------- loading

@@ -4,6 +4,8 @@ Off unless set in the environment; the training loop pays one attribute check pe
 
     GPUD_TEST_HANG_RANK=1 GPUD_TEST_HANG_AT_STEP=50    rank 1 stops making progress
     GPUD_TEST_SLOW_RANK=1 GPUD_TEST_SLOW_S=0.05        rank 1 takes 50 ms longer per step
+    GPUD_TEST_RAISE_RANK=1 GPUD_TEST_RAISE_AT_STEP=3   rank 1 raises ValueError after step 3
+        (GPUD_TEST_RAISE_MESSAGE: its message; GPUD_TEST_RAISE_ATTEMPTS=1: only in attempt 1)
 """
 
 from __future__ import annotations
@@ -19,21 +21,36 @@ class TestHooks:
 
     hang_at_step: int | None
     slow_s: float
+    raise_at_step: int | None = None
+    raise_message: str = "raised by the test hook"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], rank: int) -> TestHooks | None:
-        hang = slow = None
+        hang = slow = raise_at = None
+        attempt = env.get("GPUD_ATTEMPT", "1")
         if env.get("GPUD_TEST_HANG_RANK") == str(rank):
             hang = int(env.get("GPUD_TEST_HANG_AT_STEP", "0"))
         if env.get("GPUD_TEST_SLOW_RANK") == str(rank):
             slow = float(env.get("GPUD_TEST_SLOW_S", "0.05"))
-        if hang is None and slow is None:
+        only = env.get("GPUD_TEST_RAISE_ATTEMPTS")
+        if env.get("GPUD_TEST_RAISE_RANK") == str(rank) and (
+            only is None or attempt in only.split(",")
+        ):
+            raise_at = int(env.get("GPUD_TEST_RAISE_AT_STEP", "0"))
+        if hang is None and slow is None and raise_at is None:
             return None
-        return cls(hang_at_step=hang, slow_s=slow or 0.0)
+        return cls(
+            hang_at_step=hang,
+            slow_s=slow or 0.0,
+            raise_at_step=raise_at,
+            raise_message=env.get("GPUD_TEST_RAISE_MESSAGE", cls.raise_message),
+        )
 
     def after_step(self, step: int) -> None:
         if self.slow_s:
             time.sleep(self.slow_s)
+        if self.raise_at_step is not None and step >= self.raise_at_step:
+            raise ValueError(self.raise_message)
         if self.hang_at_step is not None and step >= self.hang_at_step:
             while True:  # the rank is stuck; only a signal ends it
                 time.sleep(3600)

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
+from trainers import errors
 from trainers.env import Hints, RunEnv
 from trainers.hooks import TestHooks
 from trainers.link import QUEUE_CAPACITY, GpudLink, Item
@@ -70,6 +71,9 @@ class Run:
     def _start_link(self) -> None:
         env = self.env
         assert env.run_id is not None
+        error_file = errors.error_file(os.environ, self.rank)
+        if error_file is not None:
+            errors.install(error_file, step=lambda: self._pulse.step)
         jsonl = mirror = None
         if self.rank == 0 and env.run_dir:
             jsonl = str(Path(env.run_dir) / "metrics.jsonl")

@@ -261,6 +261,7 @@ class RunBook:
             next_restart_at=run.next_restart_at,
             queued_at=run.queued_at if run.state is RunState.QUEUED else None,
             queue_position=self._position(run),
+            cause=run.cause,
         )
 
     def _position(self, run: RunRecord) -> int | None:

@@ -9,17 +9,27 @@ time, and returns one `GangDecision`: the run's state and reason, the parts to m
   last answer, or from the start of the attempt if it never answered) while the part was
   not over. A lost part counts as over: nothing more will be heard from it.
 - A **failed** or lost part fails the run: the other parts are stopped (once), and when
-  every part is over the run ends `failed` — "node N lost" or "node N (name) failed: why"
-  — or waits in `pending` for an automatic restart.
+  every part is over the run ends `failed` with one `FailureCause` — the earliest one the
+  failed parts found, or "node N lost" — or waits in `pending` for an automatic restart.
+- A restart needs restarts left, a cause whose kind is in `restart.on`, and a failure that
+  is not the same error at the same step as the attempt before.
 - A **user stop** ends the run `stopped` once every part is over, lost ones included.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpud.protocol import PartView
-from gpud.runmodel import RunRecord, RunState
+from gpud.runmodel import (
+    DEFAULT_RESTART_ON,
+    ECHO_KINDS,
+    CauseKind,
+    FailureCause,
+    RunRecord,
+    RunState,
+)
 
 
 @dataclass(frozen=True)
@@ -27,9 +37,19 @@ class RestartPolicy:
     max_attempts: int = 0
     backoff_s: float = 10.0
     backoff_max_s: float = 300.0
+    on: frozenset[CauseKind] = frozenset(DEFAULT_RESTART_ON)
 
     def delay(self, restarts: int) -> float:
         return float(min(self.backoff_s * 2**restarts, self.backoff_max_s))
+
+    def refusal(self, run: RunRecord, cause: FailureCause) -> str | None:
+        """Why this failure gets no restart although restarts are left; None: restart."""
+        if cause.kind not in self.on:
+            return f"not restarted: {cause.kind.value} is not in restart.on"
+        before = run.cause
+        if before is not None and before.attempt == run.attempt - 1 and cause.same_failure(before):
+            return f"not restarted: the same error at the same step as attempt {before.attempt}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -41,6 +61,8 @@ class GangDecision:
     propagate: str | None = None
     #: Start the next attempt at this time (the run waits in `pending` until then).
     restart_at: float | None = None
+    #: Why the run failed, structured (its one line is `reason`'s start).
+    cause: FailureCause | None = None
 
 
 def gang_state(states: list[RunState | None], user_stop: bool) -> RunState:
@@ -78,6 +100,60 @@ def _where(run: RunRecord, rank: int, part: PartView) -> str:
     return part.node.name or part.node.control.removeprefix("tcp://")
 
 
+def failure_of(
+    run: RunRecord,
+    parts: dict[int, PartView],
+    states: dict[int, RunState | None],
+    lost_after_s: float,
+    step: int | None,
+) -> FailureCause | None:
+    """The run's cause: a lost node, else the cause the failed parts found — one that is
+    not a connection error first (those are most often a dead peer's echo), then the
+    earliest. None when no failed part knows why."""
+    gone = sorted(rank for rank, s in states.items() if s is RunState.LOST)
+    if gone:
+        rank = gone[0]
+        return FailureCause(
+            kind=CauseKind.NETWORK,
+            summary=f"lost, no answer for {lost_after_s:g}s",
+            node_rank=rank,
+            node=_where(run, rank, parts[rank]),
+            source="gang",
+            attempt=run.attempt,
+            step=step,
+        )
+    failed = sorted(r for r, s in states.items() if s is RunState.FAILED)
+    found = [(cause, r) for r in failed if (cause := parts[r].cause) is not None]
+    if not found:
+        return None
+    cause, rank = min(
+        found, key=lambda c: (c[0].kind in ECHO_KINDS, c[0].time or float("inf"), c[1])
+    )
+    return cause.model_copy(
+        update={
+            "node_rank": rank,
+            "node": _where(run, rank, parts[rank]),
+            "attempt": run.attempt,
+            # The failing rank's own last step where it said; else the run's latest.
+            "step": cause.step if cause.step is not None else step,
+        }
+    )
+
+
+def _unexplained(
+    run: RunRecord, parts: dict[int, PartView], rank: int, step: int | None
+) -> FailureCause:
+    return FailureCause(
+        kind=CauseKind.UNKNOWN,
+        summary=parts[rank].reason or "failed",
+        node_rank=rank,
+        node=_where(run, rank, parts[rank]),
+        source="gang",
+        attempt=run.attempt,
+        step=step,
+    )
+
+
 def decide(
     run: RunRecord,
     parts: dict[int, PartView],
@@ -86,13 +162,15 @@ def decide(
     since: float,
     lost_after_s: float,
     restart: RestartPolicy,
-    cause: str | None = None,
+    cause: FailureCause | None = None,
     teardown_abort: bool = False,
+    step_of: Callable[[], int | None] = lambda: None,
 ) -> GangDecision:
     """The run's next state from its parts (rank → view, node 0's own part included).
 
-    `cause`: the failure already propagated to the other parts (they end `failed` with it
-    as their reason, so it stays the run's reason rather than one of their echoes).
+    `cause`: the failure already propagated to the other parts (they end `failed` because
+    of it, so it stays the run's cause rather than one of their echoes). `step_of`: the
+    run's latest step, asked only when it fails.
     """
     lost = newly_lost(parts, run.node_rank, since, now, lost_after_s)
     states = {rank: RunState.LOST if rank in lost else p.state for rank, p in parts.items()}
@@ -110,22 +188,30 @@ def decide(
         return GangDecision(new, run.reason, lost)
 
     if new is RunState.FAILED:
-        if cause is not None:
-            reason = cause
-        elif gone:
-            rank = gone[0]
-            reason = f"node {rank} ({_where(run, rank, parts[rank])}) lost: no answer for"
-            reason += f" {lost_after_s:g}s"
-        else:
-            rank = min(r for r, s in states.items() if s is RunState.FAILED)
-            why = parts[rank].reason
-            reason = f"node {rank} ({_where(run, rank, parts[rank])}) failed: {why}"
+        # The parts' own causes win over the one propagated (a part that lost the race
+        # to report may still hold the first cause); the parts stopped because of it have
+        # none of their own.
+        step = step_of()
+        failure = failure_of(run, parts, states, lost_after_s, step) or cause
+        if failure is None:
+            failed = min(r for r, s in states.items() if s is RunState.FAILED)
+            failure = _unexplained(run, parts, failed, step)
+        reason = failure.one_line()
         propagate = None if cause is not None or (len(parts) == 1 and not gone) else reason
         if not everyone_done:
             return GangDecision(
-                RunState.STOPPING, f"{reason}; stopping the other parts", lost, propagate
+                RunState.STOPPING,
+                f"{reason}; stopping the other parts",
+                lost,
+                propagate,
+                cause=failure,
             )
         if run.restarts < restart.max_attempts and not teardown_abort:
+            refusal = restart.refusal(run, failure)
+            if refusal is not None:
+                return GangDecision(
+                    RunState.FAILED, f"{reason}; {refusal}", lost, propagate, cause=failure
+                )
             delay = restart.delay(run.restarts)
             why = (
                 f"{reason}; restarting in {delay:g}s "
@@ -133,8 +219,10 @@ def decide(
             )
             if gone:
                 why += " once every node answers"
-            return GangDecision(RunState.PENDING, why, lost, propagate, restart_at=now + delay)
-        return GangDecision(RunState.FAILED, reason, lost, propagate)
+            return GangDecision(
+                RunState.PENDING, why, lost, propagate, restart_at=now + delay, cause=failure
+            )
+        return GangDecision(RunState.FAILED, reason, lost, propagate, cause=failure)
 
     if new is RunState.RUNNING:
         return GangDecision(new, f"attempt {run.attempt}", lost)

@@ -52,7 +52,14 @@ from gpud.protocol import (
     RunLogEvent,
     RunMetricsEvent,
 )
-from gpud.runmodel import AttemptRecord, MetricPoint, NodeRef, RunRecord, RunState
+from gpud.runmodel import (
+    AttemptRecord,
+    FailureCause,
+    MetricPoint,
+    NodeRef,
+    RunRecord,
+    RunState,
+)
 from gpud.runs.book import RunBook
 from gpud.runs.decide import GangDecision, RestartPolicy, decide
 from gpud.runs.gpus import Gpu
@@ -123,7 +130,7 @@ class GangView:
     since: float
     parts: dict[int, PartView] = field(default_factory=dict)
     last_poll: float = 0.0
-    cause: str | None = None  # the failure propagated to every part
+    cause: FailureCause | None = None  # the failure propagated to every part
 
     def __post_init__(self) -> None:
         self.parts = {
@@ -204,6 +211,7 @@ class Gang:
             reason=own.record.reason if own else None,
             seen_at=self.book.clock(),
             gpus=own.record.held_gpus if own else [],
+            cause=own.record.exit.cause if own and own.record.exit else None,
         )
         view = self.views.get(run.id)
         others = list(view.parts.values()) if view is not None and run.is_coordinator else []
@@ -225,7 +233,8 @@ class Gang:
             elif isinstance(reply, AttemptRecord) and reply.attempt == run.attempt:
                 view.parts[rank] = old.model_copy(
                     update={"state": reply.state, "reason": reply.reason, "seen_at": now,
-                            "error": None, "gpus": reply.held_gpus}
+                            "error": None, "gpus": reply.held_gpus,
+                            "cause": reply.exit.cause if reply.exit else None}
                 )  # fmt: skip
             else:  # it answered: about an older attempt, or with an error reply
                 error = str(reply) if isinstance(reply, ClientError) else None
@@ -271,15 +280,19 @@ class Gang:
             since=view.since,
             lost_after_s=spec.lost_after_s,
             restart=RestartPolicy(
-                spec.restart.max_attempts, spec.restart.backoff_s, spec.restart.backoff_max_s
+                spec.restart.max_attempts,
+                spec.restart.backoff_s,
+                spec.restart.backoff_max_s,
+                frozenset(spec.restart.on),
             ),
             cause=view.cause,
             teardown_abort=teardown,
+            step_of=lambda: _latest_step(self.book, run.id),
         )
         for rank in decision.lost:
             self._mark_lost(run, view, rank, f"no answer for {spec.lost_after_s:g}s")
         if decision.propagate is not None and view.cause is None:
-            view.cause = decision.propagate
+            view.cause = decision.cause
             self._propagate(run, decision.propagate)
         self._settle(run, decision)
 
@@ -298,7 +311,10 @@ class Gang:
                 decision.reason,
                 next_attempt=True,
                 next_restart_at=decision.restart_at,
+                cause=decision.cause,
             )
+        elif decision.state is RunState.FAILED:
+            self.book.move(run.id, decision.state, decision.reason, cause=decision.cause)
         elif decision.state is not RunState.PENDING:  # nothing heard yet: no news
             self.book.move(run.id, decision.state, decision.reason)
         ended = self.book.get(run.id)
@@ -573,6 +589,11 @@ def _each(body: Any) -> Callable[[int], Any]:
 def _report(run_id: str, task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("run %s: gang work failed", run_id, exc_info=task.exception())
+
+
+def _latest_step(book: RunBook, run_id: str) -> int | None:
+    latest = book.store.latest_metrics(run_id)
+    return latest[0] if latest else None
 
 
 def find_checkpoint(run: RunRecord) -> str | None:

@@ -144,3 +144,28 @@ def root_cause(text: str) -> RootCause | None:
         exitcode=int(match["code"]),
         signal_name=match["sig"],
     )
+
+
+_ENTRY = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)[^\n]*\n"
+    r"\s*exitcode\s*:\s*(?P<code>-?\d+)(?:[^\n]*?\((?P<sig>SIG[A-Z]+)\))?"
+)
+
+
+def failures(text: str) -> list[RootCause]:
+    """Every failed rank in torchrun's last end-of-run summary: the other failures, then
+    the root cause (torchrun's "first observed" is only as good as whole-second clocks)."""
+    root = text.rfind("Root Cause (first observed failure):")
+    if root == -1:
+        return []
+    start = text.rfind("Failures:", 0, root)
+    block = text[start if start != -1 else root :]
+    return [
+        RootCause(
+            rank=int(m["rank"]),
+            local_rank=int(m["local"]),
+            exitcode=int(m["code"]),
+            signal_name=m["sig"],
+        )
+        for m in _ENTRY.finditer(block)
+    ]

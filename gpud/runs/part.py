@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 from typing_extensions import Unpack
 
-from gpud.runmodel import AttemptChanges, AttemptRecord, ExitInfo, RunState
-from gpud.runs import procs, shim
+from gpud.runmodel import AttemptChanges, AttemptRecord, CauseKind, ExitInfo, FailureCause, RunState
+from gpud.runs import causes, procs, shim
 from gpud.runs.logparse import root_cause
 
 log = logging.getLogger("gpud.runs")
@@ -56,6 +56,8 @@ class Part:
         self._termed = False
         self._killed = False
         self.pids_seen: set[int] = set()
+        #: The cgroup's OOM-kill count when the part started (None: cannot be told).
+        self.oom_kills_at_start: int | None = None
 
     # ------------------------------------------------------------------ paths
 
@@ -88,6 +90,7 @@ class Part:
         for name, content in files.items():
             (self.dir / name).write_text(content)
         self.log_path.touch()
+        self.oom_kills_at_start = causes.oom_kills()
         spec_path = self.dir / "shim.json"
         spec_path.write_text(
             json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": str(self.log_path)})
@@ -194,7 +197,9 @@ class Part:
             return Outcome(RunState.FAILED, self.record.stop_failed, info)
         if self.record.stop_requested:
             return Outcome(RunState.STOPPED, "stopped (the shim was gone)", info)
-        return Outcome(RunState.FAILED, "the shim process died; its part was killed", info)
+        why = "the shim process died; its part was killed"
+        info = info.model_copy(update={"cause": self._cause(CauseKind.LAUNCH, why)})
+        return Outcome(RunState.FAILED, why, info)
 
     def _judge(self, raw: dict[str, object]) -> Outcome:
         code = raw.get("exit_code")
@@ -219,6 +224,12 @@ class Part:
             if ok and finished:
                 return Outcome(RunState.SUCCEEDED, "finished before the stop took effect", info)
             if self.record.stop_failed:
+                # Stopped because another part failed; but it may have failed on its own
+                # first (and only lost the race to say so): keep a cause that is its own.
+                own = None if ok else self._find_cause(info)
+                if own is not None and own.kind is CauseKind.SIGNAL and self._signalled:
+                    own = None  # the signals were ours
+                info = info.model_copy(update={"cause": own})
                 return Outcome(RunState.FAILED, self.record.stop_failed, info)
             return Outcome(RunState.STOPPED, "stopped on request", info)
         if ok:
@@ -237,19 +248,38 @@ class Part:
                 "run.finish()",
                 info,
             )
-        return Outcome(RunState.FAILED, self._failure_reason(info), info)
+        found = self._find_cause(info)
+        info = info.model_copy(update={"cause": found})
+        rank = f"rank {found.rank}: " if found.rank is not None else ""
+        return Outcome(RunState.FAILED, f"{rank}{found.summary} ({found.kind.label})", info)
 
-    def _failure_reason(self, info: ExitInfo) -> str:
-        if raw_error := self._shim_error():
-            return raw_error
-        what = (
-            f"signal {signal.Signals(info.signal).name}"
-            if info.signal
-            else f"exit code {info.exit_code}"
+    @property
+    def _signalled(self) -> bool:
+        return self._termed or self._killed
+
+    def _cause(self, kind: CauseKind, summary: str) -> FailureCause:
+        r = self.record
+        return FailureCause(
+            kind=kind, summary=summary, node_rank=r.node_rank, attempt=r.attempt, time=self._clock()
         )
-        if info.failed_rank is not None:
-            return f"rank {info.failed_rank} failed first ({info.failed_exit}); launcher {what}"
-        return f"launcher ended with {what}"
+
+    def _find_cause(self, info: ExitInfo) -> FailureCause:
+        if raw_error := self._shim_error():
+            return self._cause(CauseKind.LAUNCH, raw_error)
+        now_kills = causes.oom_kills()
+        before = self.oom_kills_at_start
+        found = causes.find_cause(
+            self.dir,
+            self._log_tail(),
+            info,
+            node_rank=self.record.node_rank,
+            nproc=self.record.nproc,
+            oom_killed=before is not None and now_kills is not None and now_kills > before,
+            ended_at=self._clock(),
+        )
+        return found.model_copy(
+            update={"node_rank": self.record.node_rank, "attempt": self.record.attempt}
+        )
 
     def _shim_error(self) -> str | None:
         try:

@@ -219,6 +219,7 @@ class Supervisor:
             env=command.env,
             cwd=command.cwd,
             files=command.files,
+            unset=list(command.unset),
         )
 
     def _new_run(
@@ -317,8 +318,7 @@ class Supervisor:
             resume_from=resume_from,
         )
         part = Part(record, self.clock)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUD_")}
-        env.update(command.env)
+        env = command.environ({k: v for k, v in os.environ.items() if not k.startswith("GPUD_")})
         try:
             part.spawn(command.argv, env, command.cwd, command.files)
         except OSError as exc:

@@ -53,7 +53,8 @@ def _node_ref(target: NodeTarget) -> NodeRefIn:
 
 def render_plan(plan: PartPlan, address: str) -> str:
     """A shell-like rendering of what a node runs, for reading (never executed)."""
-    env = " \\\n  ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
+    unset = [f"-u {shlex.quote(name)}" for name in sorted(plan.unset)]
+    env = " \\\n  ".join(unset + [f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())])
     files = "".join(f"\n# writes {name} into the attempt dir" for name in sorted(plan.files))
     gpus = ",".join(map(str, plan.gpus)) if plan.gpus else "none (no GPUs here)"
     return (

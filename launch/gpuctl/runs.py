@@ -21,7 +21,7 @@ from gpud.protocol import (
     RunSummary,
     StopRequest,
 )
-from gpud.runmodel import RunState, gpus_by_node_text, gpus_text, steps_text
+from gpud.runmodel import FailureCause, RunState, gpus_by_node_text, gpus_text, steps_text
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -36,6 +36,9 @@ from launch.gpuctl.context import (
 from launch.gpuctl.follow import follow, outcome_line, progress_line
 from launch.gpuctl.output import emit_json, human_duration, table
 from launch.gpuctl.runref import FoundRun, find_run
+
+#: Log lines of a failure's cause that `gpuctl status` shows.
+CAUSE_LINES = 8
 
 run_argument = click.argument("run", metavar="RUN")
 
@@ -129,6 +132,8 @@ def status_command(ctl: Ctl, run: str) -> None:
     ]
     if r.last_checkpoint:
         lines.append(f"checkpoint {r.last_checkpoint.path} (step {r.last_checkpoint.step})")
+    if r.cause is not None:
+        lines += _cause_lines(r.cause)
     lines += [
         "",
         table(
@@ -171,6 +176,17 @@ def status_command(ctl: Ctl, run: str) -> None:
             for e in status.events[-15:]
         ]
     click.echo("\n".join(lines))
+
+
+def _cause_lines(cause: FailureCause) -> list[str]:
+    """The latest failure: its class, where it was read, and the log lines around it."""
+    kind = cause.kind.label
+    if kind != cause.kind.value:
+        kind += f" [{cause.kind.value}]"  # the name restart.on knows it by
+    source = f", from the {cause.source}" if cause.source else ""
+    out = [f"cause     {kind}{source}: {cause.summary}"]
+    out += [f"          | {line}" for line in cause.lines[-CAUSE_LINES:]]
+    return out
 
 
 def _exit_text(code: int | None, signal: int | None) -> str:

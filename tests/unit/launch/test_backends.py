@@ -25,7 +25,7 @@ from launch.backends import (
     resolve_nproc,
     scaled_lr,
 )
-from launch.spec import RunSpec, TrainingHints, parse_spec
+from launch.spec import RunSpec, SpecError, TrainingHints, parse_spec
 
 PY = "/opt/venv/bin/python"
 RUN_DIR = "/srv/gpud/runs/r-42"
@@ -335,19 +335,46 @@ def test_accelerate_mixed_precision_follows_the_hints_unless_set() -> None:
 # --------------------------------------------------------------------------- python
 
 
-def test_python_launcher_script_and_module_with_single_rank_env() -> None:
+def test_a_lone_python_process_is_not_told_it_is_one_rank_of_many() -> None:
     command = build(make_spec(launcher="python", args=["--a", "1"]), nproc_per_node=1)
     assert command.argv == [PY, "train.py", "--a", "1"]
     module = build(make_spec(launcher="python", module="pkg.train"), nproc_per_node=1)
     assert module.argv == [PY, "-m", "pkg.train"]
-    for env in (command.env, module.env):
-        assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_WORLD_SIZE": "1",
-        }
-        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29517")
+    inherited = {"RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "10.9.9.9", "HOME": "/root"}
+    for cmd in (command, module):
+        env = cmd.environ(inherited)  # a daemon that was itself started by torchrun
+        assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} & set(env)
+        assert env["HOME"] == "/root"
+        assert env["TORCHELASTIC_ERROR_FILE"] == f"{ATTEMPT_DIR}/errors/rank-0.json"
+
+
+def test_distributed_env_gives_a_python_process_what_torchrun_gives_one_worker() -> None:
+    spec = make_spec(launcher="python", distributed_env=True)
+    env = build(spec, nproc_per_node=1).environ({})
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+    }
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29517")
+
+
+def test_env_null_removes_a_variable_and_numbers_are_text() -> None:
+    spec = make_spec(env={"HF_HUB_OFFLINE": 1, "DEBUG": True, "CUDA_LAUNCH_BLOCKING": None})
+    assert spec.env == {"HF_HUB_OFFLINE": "1", "DEBUG": "1", "CUDA_LAUNCH_BLOCKING": None}
+    command = build(spec)
+    env = command.environ({"CUDA_LAUNCH_BLOCKING": "1", "PATH": "/bin"})
+    assert "CUDA_LAUNCH_BLOCKING" not in env and env["PATH"] == "/bin"
+    assert (env["HF_HUB_OFFLINE"], env["DEBUG"]) == ("1", "1")
+    assert command.unset == ("CUDA_LAUNCH_BLOCKING",)
+    gpud_preset = build(make_spec(env={"NCCL_DEBUG": None})).environ({})
+    assert "NCCL_DEBUG" not in gpud_preset  # a preset of gpud's own can go too
+
+
+def test_distributed_env_is_only_for_the_python_launcher() -> None:
+    with pytest.raises(SpecError, match="distributed_env is for launcher: python"):
+        parse_spec({"name": "t", "script": "t.py", "distributed_env": True})
 
 
 def test_cwd_defaults_to_the_run_dir_without_a_workdir() -> None:
@@ -373,6 +400,7 @@ def test_env_carries_the_gpud_contract() -> None:
         "GPUD_CHECKPOINT_KEEP": "5",
         "GPUD_CHECKPOINT_EVERY": "100",
         "GPUD_BACKEND": "gloo",
+        "GPUD_ERROR_DIR": f"{ATTEMPT_DIR}/errors",
     }
     assert env["PYTHONUNBUFFERED"] == "1"
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29517")

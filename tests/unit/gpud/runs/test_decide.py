@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gpud.protocol import PartView
-from gpud.runmodel import NodeRef, RunRecord, RunState
+from gpud.runmodel import CauseKind, FailureCause, NodeRef, RunRecord, RunState
 from gpud.runs.decide import GangDecision, RestartPolicy, decide, gang_state
 
 NODES = [NodeRef(control=f"tcp://10.0.0.{i}:5555", name=f"n{i}") for i in range(3)]
 NO_RESTART = RestartPolicy()
-CAUSE = "node 0 (n0) failed: why 0"
+CAUSE = FailureCause(kind=CauseKind.NCCL, summary="NCCL timeout", node_rank=0, node="n0")
 
 
 def run(state: RunState = RunState.RUNNING, **changes: object) -> RunRecord:
@@ -42,7 +42,8 @@ def at(
     record: RunRecord,
     views: dict[int, PartView],
     restart: RestartPolicy = NO_RESTART,
-    cause: str | None = None,
+    cause: FailureCause | None = None,
+    step: int | None = None,
 ) -> GangDecision:
     return decide(
         record,
@@ -52,6 +53,7 @@ def at(
         lost_after_s=30.0,
         restart=restart,
         cause=cause,
+        step_of=lambda: step,
     )
 
 
@@ -61,7 +63,8 @@ def test_a_silent_node_is_lost_only_after_the_timeout() -> None:
     decision = at(130.0, run(), views)
     assert decision.lost == [1, 2]
     assert decision.state is RunState.STOPPING  # node 0's own part still runs
-    assert decision.propagate is not None and decision.propagate.startswith("node 1 (n1) lost")
+    assert decision.propagate is not None
+    assert decision.propagate.startswith("node 1 (n1): lost, no answer for 30s")
 
 
 def test_a_node_never_heard_from_counts_from_the_start_of_the_attempt() -> None:
@@ -72,12 +75,13 @@ def test_a_node_never_heard_from_counts_from_the_start_of_the_attempt() -> None:
 
 def test_a_run_with_a_lost_part_ends_failed_with_node_n_lost() -> None:
     views = parts(RunState.RUNNING, RunState.RUNNING, RunState.SUCCEEDED, seen=1.0)
-    first = at(31.0, run(), views)
-    assert first.propagate == "node 1 (n1) lost: no answer for 30s"
+    first = at(31.0, run(), views, step=6)
+    assert first.propagate == "node 1 (n1): lost, no answer for 30s (network, step 7 of attempt 1)"
+    assert first.cause is not None and first.cause.kind is CauseKind.NETWORK
     views = parts(RunState.FAILED, RunState.LOST, RunState.SUCCEEDED, seen=1.0)
-    decision = at(32.0, run(RunState.STOPPING), views, cause=first.propagate)
+    decision = at(32.0, run(RunState.STOPPING), views, cause=first.cause, step=6)
     assert decision.state is RunState.FAILED
-    assert decision.reason == "node 1 (n1) lost: no answer for 30s"
+    assert decision.reason == first.propagate
     assert decision.propagate is None  # already done once
 
 
@@ -91,14 +95,39 @@ def test_a_failed_part_stops_the_others_once_and_fails_the_run_when_all_ended() 
     views = parts(RunState.RUNNING, RunState.FAILED, RunState.RUNNING, seen=9.0)
     first = at(10.0, run(), views)
     assert first.state is RunState.STOPPING
-    assert first.propagate == "node 1 (n1) failed: why 1"
-    assert at(10.5, run(), views, cause=first.propagate).propagate is None
+    assert first.propagate == "node 1 (n1): why 1 (unknown, attempt 1)"
+    assert at(10.5, run(), views, cause=first.cause).propagate is None
     # The others end failed too, each with the cause as its reason; the run keeps the cause.
     ended = parts(RunState.FAILED, RunState.FAILED, RunState.FAILED, seen=11.0)
-    final = at(11.0, run(RunState.STOPPING), ended, cause=first.propagate)
-    assert (final.state, final.reason) == (RunState.FAILED, "node 1 (n1) failed: why 1")
+    final = at(11.0, run(RunState.STOPPING), ended, cause=first.cause)
+    assert (final.state, final.reason) == (RunState.FAILED, first.propagate)
     # Without a propagated cause (node 0 restarted meanwhile), the lowest failed node.
-    assert at(11.0, run(RunState.STOPPING), ended).reason == "node 0 (n0) failed: why 0"
+    assert (
+        at(11.0, run(RunState.STOPPING), ended).reason == "node 0 (n0): why 0 (unknown, attempt 1)"
+    )
+
+
+def test_the_earliest_cause_a_part_found_is_the_runs_and_says_where_and_when() -> None:
+    views = parts(RunState.FAILED, RunState.FAILED, RunState.RUNNING, seen=9.0)
+    echo = FailureCause(
+        kind=CauseKind.NETWORK, summary="Connection closed by peer", rank=0, time=101.0
+    )
+    first = FailureCause(
+        kind=CauseKind.USER,
+        summary="ValueError: bad shard 17",
+        rank=5,
+        time=100.5,
+        lines=["Traceback", "ValueError: bad shard 17"],
+    )
+    views[0] = views[0].model_copy(update={"cause": echo})
+    views[1] = views[1].model_copy(update={"cause": first})
+    decision = at(10.0, run(), views, step=0)
+    assert decision.reason == (
+        "rank 5 on node n1: ValueError: bad shard 17 (user code, step 1 of attempt 1);"
+        " stopping the other parts"
+    )
+    assert decision.cause is not None
+    assert (decision.cause.node_rank, decision.cause.lines[-1]) == (1, "ValueError: bad shard 17")
 
 
 def test_a_restart_waits_its_backoff_and_doubles_it() -> None:
@@ -111,6 +140,34 @@ def test_a_restart_waits_its_backoff_and_doubles_it() -> None:
     assert third.restart_at == 75.0  # 10·2² = 40, capped at 25
     spent = at(50.0, run(RunState.STOPPING, restarts=3), ended, policy, cause=CAUSE)
     assert spent.state is RunState.FAILED
+
+
+def test_restarts_only_for_the_kinds_in_restart_on() -> None:
+    ended = parts(RunState.FAILED, RunState.STOPPED, RunState.STOPPED, seen=50.0)
+    policy = RestartPolicy(max_attempts=3, backoff_s=1.0)
+    user = CAUSE.model_copy(update={"kind": CauseKind.USER, "summary": "KeyError: 'x'"})
+    decision = at(50.0, run(RunState.STOPPING), ended, policy, cause=user)
+    assert decision.state is RunState.FAILED
+    assert (decision.reason or "").endswith("; not restarted: user is not in restart.on")
+    everything = RestartPolicy(max_attempts=3, backoff_s=1.0, on=frozenset(CauseKind))
+    assert at(50.0, run(RunState.STOPPING), ended, everything, cause=user).state is RunState.PENDING
+
+
+def test_the_same_error_at_the_same_step_twice_stops_the_retries() -> None:
+    ended = parts(RunState.FAILED, RunState.STOPPED, RunState.STOPPED, seen=50.0)
+    policy = RestartPolicy(max_attempts=5, backoff_s=1.0)
+    before = CAUSE.model_copy(update={"attempt": 1, "step": 40})
+    again = CAUSE.model_copy(update={"attempt": 2, "step": 40})
+    second = run(RunState.STOPPING, attempt=2, restarts=1, cause=before)
+    decision = at(50.0, second, ended, policy, cause=again)
+    assert decision.state is RunState.FAILED
+    assert (decision.reason or "").endswith(
+        "not restarted: the same error at the same step as attempt 1"
+    )
+    later = again.model_copy(update={"step": 41})  # it got further: worth another try
+    assert at(50.0, second, ended, policy, cause=later).state is RunState.PENDING
+    older = run(RunState.STOPPING, attempt=3, restarts=2, cause=before)  # not the one before
+    assert at(50.0, older, ended, policy, cause=again).state is RunState.PENDING
 
 
 def test_a_restart_after_a_lost_node_says_it_waits_for_every_node() -> None:

@@ -1,0 +1,374 @@
+"""Why an attempt failed: the table of known failure patterns, and reading the evidence.
+
+A failed part leaves evidence on its node: torch's elastic error files (torchrun points
+every worker's `TORCHELASTIC_ERROR_FILE` into the attempt's log dir; the trainers library
+and torch's `@record` write them on an uncaught exception; gpud points single processes
+and DeepSpeed's ranks at `<attempt>/errors/`), torchrun's end-of-run summary (which rank
+died first, and by which signal), tracebacks in the log, known lines (NCCL, gloo, CUDA out
+of memory, a port in use), and the kernel's OOM-kill counter of the daemon's cgroup.
+`find_cause()` turns that into one `FailureCause`. Pure apart from reading those files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpud.runmodel import ECHO_KINDS, CauseKind, ExitInfo, FailureCause
+from gpud.runs.logparse import RootCause, failures, root_cause, split_rank
+
+#: How many log lines a cause keeps around the line that matters.
+CONTEXT_LINES = 12
+#: A summary longer than this is cut: it is one line in every view.
+SUMMARY_MAX = 240
+
+
+@dataclass(frozen=True)
+class FailurePattern:
+    kind: CauseKind
+    pattern: re.Pattern[str]
+    meaning: str
+
+
+GLOO_ERROR = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Gloo connectFullMesh failed"
+)
+COLLECTIVE_TIMEOUT = re.compile(
+    r"collective operation timeout|Watchdog caught collective operation", re.I
+)
+
+#: The one table: a line (or an exception message) matching a pattern has that kind. The
+#: first match wins, so the specific come before the general.
+PATTERNS: tuple[FailurePattern, ...] = (
+    FailurePattern(
+        CauseKind.OOM,
+        re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
+        "CUDA out of memory",
+    ),
+    FailurePattern(
+        CauseKind.NCCL,
+        re.compile(
+            COLLECTIVE_TIMEOUT.pattern
+            + r"|NCCL (?:error|timeout|communicator was aborted)|ncclInternalError"
+            r"|ncclSystemError|ncclRemoteError|ncclUnhandledCudaError|ncclInvalidUsage",
+            re.I,
+        ),
+        "an NCCL error or collective timeout",
+    ),
+    FailurePattern(
+        CauseKind.NETWORK,
+        re.compile(r"Address already in use|EADDRINUSE|server socket has failed to listen", re.I),
+        "address already in use: another process holds the port",
+    ),
+    FailurePattern(
+        CauseKind.NETWORK,
+        re.compile(GLOO_ERROR.pattern + r"|Connection refused|No route to host"),
+        "a gloo peer went away or could not be reached",
+    ),
+    FailurePattern(
+        CauseKind.IMPORT,
+        re.compile(r"^(?:ModuleNotFoundError|ImportError)\b"),
+        "a module could not be imported",
+    ),
+)
+
+
+def kind_of(text: str) -> CauseKind | None:
+    """The kind of a line or exception message, from the table; None if nothing matches."""
+    for entry in PATTERNS:
+        if entry.pattern.search(text):
+            return entry.kind
+    return None
+
+
+def _cut(text: str) -> str:
+    line = " ".join(text.strip().split())
+    return line if len(line) <= SUMMARY_MAX else line[: SUMMARY_MAX - 1] + "…"
+
+
+# --------------------------------------------------------------------------- error files
+
+
+@dataclass(frozen=True)
+class RankError:
+    """One rank's uncaught exception, as torch's error-file format records it."""
+
+    rank: int  # global
+    message: str  # "ValueError: bad shard 17"
+    traceback: str
+    mtime: float
+    step: int | None = None  # the last step the rank logged (the trainers library's files)
+
+
+def error_files(attempt_dir: Path, node_rank: int, nproc: int) -> list[RankError]:
+    """Every error file of the attempt on this node, earliest first (by mtime: the
+    files' own timestamps are whole seconds, too coarse to tell ranks apart)."""
+    found: list[RankError] = []
+    # torchrun: <log-dir>/<rdzv id>_<random>/attempt_<n>/<local rank>/error.json
+    for path in attempt_dir.glob("ranks/*/attempt_*/*/error.json"):
+        if path.parent.name.isdigit():
+            found += _read_error(path, node_rank * nproc + int(path.parent.name))
+    for path in attempt_dir.glob("errors/rank-*.json"):
+        number = path.stem.removeprefix("rank-")
+        if number.isdigit():
+            found += _read_error(path, int(number))
+    return sorted(found, key=lambda e: (e.mtime, e.rank))
+
+
+def _read_error(path: Path, rank: int) -> list[RankError]:
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+        mtime = path.stat().st_mtime
+    except (OSError, ValueError):
+        return []
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, str):  # the newer, flat format
+        return [RankError(rank, message, "", mtime)]
+    if not isinstance(message, dict) or not isinstance(message.get("message"), str):
+        return []
+    extra = message.get("extraInfo")
+    extra = extra if isinstance(extra, dict) else {}
+    stack = extra.get("py_callstack")
+    step = extra.get("gpud_step")
+    return [
+        RankError(
+            rank,
+            message["message"],
+            stack if isinstance(stack, str) else "",
+            mtime,
+            step if isinstance(step, int) and not isinstance(step, bool) else None,
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- the log
+
+
+@dataclass(frozen=True)
+class Traceback:
+    local_rank: int | None
+    summary: str  # the exception line
+    lines: list[str]  # the end of the traceback, the exception line last
+
+
+def last_traceback(text: str, local_rank: int | None = None) -> Traceback | None:
+    """The last Python traceback in the log (of one local rank, when given)."""
+    found: Traceback | None = None
+    block: dict[int | None, list[str]] = {}
+    for raw in text.splitlines():
+        local, line = split_rank(raw)
+        if local_rank is not None and local != local_rank:
+            continue
+        body = line.lstrip()
+        if body.startswith("Traceback (most recent call last):"):
+            block[local] = [line]
+            continue
+        current = block.get(local)
+        if current is None:
+            continue
+        if line.startswith((" ", "\t")) or not line.strip() or _chained(line):
+            current.append(line)
+            continue
+        # The first unindented line ends the traceback: the exception itself (not the
+        # launcher's own report that a child failed).
+        current.append(line)
+        summary = _cut(line)
+        if summary and "ChildFailedError" not in summary:
+            found = Traceback(local, summary, current[-CONTEXT_LINES:])
+        block.pop(local)
+    return found
+
+
+def _chained(line: str) -> bool:
+    return line.startswith(
+        (
+            "During handling of the above exception",
+            "The above exception was the direct cause",
+        )
+    )
+
+
+def last_lines(text: str, local_rank: int | None = None, count: int = CONTEXT_LINES) -> list[str]:
+    """The last lines of the log (of one local rank, when given)."""
+    lines = [
+        raw
+        for raw in text.splitlines()
+        if raw.strip() and (local_rank is None or split_rank(raw)[0] == local_rank)
+    ]
+    return lines[-count:]
+
+
+def known_line(text: str) -> tuple[CauseKind, str, list[str]] | None:
+    """The last line of the log that the pattern table knows, with the lines before it."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        _, line = split_rank(lines[i])
+        kind = kind_of(line)
+        if kind is not None:
+            return kind, _cut(line), lines[max(0, i - CONTEXT_LINES + 1) : i + 1]
+    return None
+
+
+# --------------------------------------------------------------------------- OOM killer
+
+
+def oom_kills(
+    cgroup_root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> int | None:
+    """The kernel's OOM-kill count for this process's memory cgroup, None when unknown.
+
+    A run's processes live in the daemon's cgroup (systemd's unit, a container), so a count
+    that grew while a rank died by SIGKILL means the OOM killer did it. cgroup v2 keeps it
+    in memory.events, v1 (kernel 4.13+) in memory.oom_control."""
+    try:
+        entries = membership.read_text().splitlines()
+    except OSError:
+        return None
+    for entry in entries:
+        _, controllers, path = entry.split(":", 2) if entry.count(":") >= 2 else ("", "", "")
+        if controllers == "memory":
+            count = _counter(cgroup_root / "memory" / path.lstrip("/") / "memory.oom_control")
+        elif controllers == "":
+            count = _counter(cgroup_root / path.lstrip("/") / "memory.events")
+        else:
+            continue
+        if count is not None:
+            return count
+    return None
+
+
+def _counter(path: Path) -> int | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+# --------------------------------------------------------------------------- the cause
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _from_signal(
+    rank: int | None, name: str, oom_killed: bool, lines: list[str], when: float | None
+) -> FailureCause:
+    if oom_killed and name == "SIGKILL":
+        return FailureCause(
+            kind=CauseKind.OOM,
+            summary="killed by the kernel's OOM killer (SIGKILL): host memory ran out",
+            rank=rank,
+            source="signal",
+            lines=lines,
+            time=when,
+        )
+    return FailureCause(
+        kind=CauseKind.SIGNAL,
+        summary=f"killed by {name}",
+        rank=rank,
+        source="signal",
+        lines=lines,
+        time=when,
+    )
+
+
+def find_cause(
+    attempt_dir: Path,
+    log_text: str,
+    exit: ExitInfo,
+    *,
+    node_rank: int,
+    nproc: int,
+    oom_killed: bool = False,
+    ended_at: float | None = None,
+) -> FailureCause:
+    """Why this node's part failed, from the best evidence there is.
+
+    Earliest error file first (the rank whose exception started it); but when that is a
+    connection error and torchrun saw another rank die by a signal first, the signal is
+    the cause and the connection error its echo. Then a signal, the last traceback, the
+    last known line, and at worst the exit code.
+    """
+    root = root_cause(log_text)
+    # A rank killed by a signal other than torchrun's own SIGTERM (sent to the others once
+    # one failed) is the strongest evidence there is, wherever the summary lists it.
+    killed = [f for f in failures(log_text) if _killed_by(f) is not None]
+    if killed:
+        root = killed[0]
+    local = root.local_rank if root is not None else None
+    root_rank = None if local is None else node_rank * nproc + local
+    died = _killed_by(root)
+    errors = error_files(attempt_dir, node_rank, nproc)
+    if errors:
+        first = errors[0]
+        kind = kind_of(first.message) or kind_of(first.traceback) or CauseKind.USER
+        if not (kind in ECHO_KINDS and died is not None and root_rank != first.rank):
+            stack = [line for line in first.traceback.splitlines() if line.strip()]
+            return FailureCause(
+                kind=kind,
+                summary=_cut(first.message),
+                rank=first.rank,
+                source="error file",
+                lines=stack[-CONTEXT_LINES:],
+                time=first.mtime,
+                step=first.step,
+            )
+    if died is not None:
+        return _from_signal(root_rank, died, oom_killed, last_lines(log_text, local), ended_at)
+    trace = last_traceback(log_text, local)
+    if trace is not None:
+        rank = root_rank
+        if rank is None and trace.local_rank is not None:
+            rank = node_rank * nproc + trace.local_rank
+        if rank is None and nproc == 1:
+            rank = node_rank
+        return FailureCause(
+            kind=kind_of(trace.summary) or kind_of("\n".join(trace.lines)) or CauseKind.USER,
+            summary=trace.summary,
+            rank=rank,
+            source="traceback",
+            lines=trace.lines,
+            time=ended_at,
+        )
+    known = known_line(log_text)
+    if known is not None:
+        kind, line, lines = known
+        return FailureCause(
+            kind=kind, summary=line, rank=root_rank, source="log", lines=lines, time=ended_at
+        )
+    if exit.signal:
+        return _from_signal(
+            None, _signal_name(exit.signal), oom_killed, last_lines(log_text), ended_at
+        )
+    code = exit.exit_code
+    return FailureCause(
+        kind=CauseKind.UNKNOWN,
+        summary=f"exit code {code}" if code is not None else "ended without an exit code",
+        rank=root_rank,
+        source="exit code",
+        lines=last_lines(log_text, local),
+        time=ended_at,
+    )
+
+
+#: What torchrun (and gpud's stop) send to the ranks that are left: never a cause.
+TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+
+
+def _killed_by(entry: RootCause | None) -> str | None:
+    if entry is None or entry.exitcode is None or entry.exitcode >= 0:
+        return None
+    name = entry.signal_name or _signal_name(-entry.exitcode)
+    return None if name in TEARDOWN_SIGNALS else name
