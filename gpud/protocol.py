@@ -256,6 +256,11 @@ class StopRequest(RunRef):
 
 class ResumeRequest(RunRef):
     queue: bool = Field(False, description="wait in the queue when the GPUs are busy")
+    checkpoint: str | None = Field(
+        None,
+        max_length=4096,
+        description="start from this checkpoint (absolute path), not the run's latest",
+    )
 
 
 class ListRequest(Message):
@@ -310,6 +315,9 @@ class RunSummary(Reading):
     queued_at: float | None = None
     queue_position: int | None = Field(None, description="1: next in this node's queue")
     cause: FailureCause | None = Field(None, description="why the latest failed attempt failed")
+    start: str | None = Field(
+        None, description="what the current attempt started from: a checkpoint and step, or scratch"
+    )
 
     @property
     def state_label(self) -> str:

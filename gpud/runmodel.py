@@ -221,6 +221,11 @@ class AttemptRecord(Reading):
     )
     gpu_uuids: list[str] = Field(default_factory=list, description="the same GPUs by UUID")
     resume_from: str | None = None
+    resume_step: int | None = Field(None, description="the step of resume_from, when known")
+    start: str | None = Field(
+        None,
+        description="what it started from, in words: 'from PATH (step N)', 'from scratch: why'",
+    )
     started_at: float | None = None
     ended_at: float | None = None
     shim_pid: int | None = None
@@ -256,6 +261,8 @@ class AttemptChanges(TypedDict, total=False):
     stop_requested: bool
     stop_failed: str | None
     log_offset: int
+    resume_step: int | None
+    start: str | None
 
 
 class RunRecord(Reading):
@@ -286,6 +293,9 @@ class RunRecord(Reading):
         False, description="it waits in the queue for an automatic restart (counts as one)"
     )
     cause: FailureCause | None = Field(None, description="why its latest failed attempt failed")
+    resume_next: str | None = Field(
+        None, description="the checkpoint the next attempt starts from (gpuctl resume --from)"
+    )
 
     @property
     def queue_key(self) -> tuple[float, str]:
@@ -309,6 +319,7 @@ class RunChanges(TypedDict, total=False):
     queued_at: float | None
     queued_restart: bool
     cause: FailureCause | None
+    resume_next: str | None
 
 
 class RunEvent(Reading):

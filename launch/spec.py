@@ -155,7 +155,16 @@ class ResumeSettings(SpecModel):
         description="reported: what the trainer reported; newest: the newest match of "
         "`pattern` in the checkpoint dir; auto: reported, else newest",
     )
-    pattern: str = Field("*", description="glob for checkpoints in the checkpoint dir")
+    pattern: str = Field(
+        "*",
+        description="glob for checkpoints in the checkpoint dir; only matches written after"
+        " the run was created count (never another run's checkpoint)",
+    )
+    require_checkpoint: bool = Field(
+        False,
+        description="refuse to resume or restart without a checkpoint of this run, instead"
+        " of starting from scratch (gpuctl resume --from PATH names one)",
+    )
 
 
 class RestartSettings(SpecModel):

@@ -262,6 +262,7 @@ class RunBook:
             queued_at=run.queued_at if run.state is RunState.QUEUED else None,
             queue_position=self._position(run),
             cause=run.cause,
+            start=attempt.start if attempt else None,
         )
 
     def _position(self, run: RunRecord) -> int | None:

@@ -22,9 +22,7 @@ node's part through the narrow `LocalParts` interface the supervisor provides.
 from __future__ import annotations
 
 import asyncio
-import glob
 import logging
-import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -61,6 +59,7 @@ from gpud.runmodel import (
     RunState,
 )
 from gpud.runs.book import RunBook
+from gpud.runs.checkpoints import ResumePoint, find_checkpoint
 from gpud.runs.decide import GangDecision, RestartPolicy, decide
 from gpud.runs.gpus import Gpu
 from gpud.runs.peers import PeerLink
@@ -94,7 +93,7 @@ class LocalParts(Protocol):
         attempt: int,
         master_addr: str,
         master_port: int,
-        resume_from: str | None,
+        resume: ResumePoint,
     ) -> Part: ...
 
     def reserve_gpus(
@@ -405,6 +404,9 @@ class Gang:
         try:
             await self.start_attempt(run, why="automatic restart", automatic=True, queue=True)
         except ProtocolError as exc:
+            if exc.code is ErrorCode.CONFLICT:  # it never can: say so, do not retry forever
+                self.book.move(run.id, RunState.FAILED, f"{run.reason}; restart refused: {exc}")
+                return
             log.error("run %s: restart failed: %s", run.id, exc.message)
 
     async def _start_queued(self, run_id: str) -> None:
@@ -437,14 +439,24 @@ class Gang:
         return None
 
     async def start_attempt(
-        self, run: RunRecord, why: str, automatic: bool = False, queue: bool = False
+        self,
+        run: RunRecord,
+        why: str,
+        automatic: bool = False,
+        queue: bool = False,
+        resume_from: str | None = None,
     ) -> RunRecord:
-        """A new attempt of the whole run, from the latest checkpoint: resume, restart, and
-        a queued run's start. With its GPUs busy somewhere it is refused (ProtocolError
-        `unavailable`), or with `queue` it waits: the run is `queued`, holding nothing."""
+        """A new attempt of the whole run, from the run's latest checkpoint (or the one
+        `resume_from` names): resume, restart, and a queued run's start. With its GPUs busy
+        somewhere it is refused (ProtocolError `unavailable`), or with `queue` it waits:
+        the run is `queued`, holding nothing. Refused (`conflict`) when the spec requires a
+        checkpoint and the run has none of its own."""
         spec = parse_spec(run.spec)
         automatic = automatic or run.queued_restart
         attempt, fresh = self._next_attempt(run)
+        if resume_from is not None:  # kept on the record: it may wait in the queue
+            run = self.book.update(run.id, resume_next=resume_from)
+        point = _resume_point(run, spec, fresh)
         queued = run.state is RunState.QUEUED
         key = run.queue_key if queued else (self.book.clock(), run.id)
         refusal = await self._reserve(run, spec, attempt, key, queue)
@@ -454,6 +466,7 @@ class Gang:
             return current
         if refusal is not None:
             if not queue:
+                self.book.update(run.id, resume_next=None)  # refused: --from is not kept
                 raise ProtocolError(ErrorCode.UNAVAILABLE, refusal)
             waiting = f"waiting for GPUs: {refusal}"
             if queued:
@@ -469,7 +482,6 @@ class Gang:
                 queued_restart=automatic,
             )
         self._queue_tried.pop(run.id, None)
-        resume_from = None if fresh else find_checkpoint(run)
         own = self.book.part(run.id)
         master_addr = own.record.master_addr if own else master_host(spec, run.nodes)
         try:
@@ -485,12 +497,12 @@ class Gang:
             next_restart_at=None,
             restarts=run.restarts + (1 if automatic else 0),
             queued_restart=False,
+            resume_next=None,
         )
         self.views[run.id] = GangView(run.nodes, since=self.book.clock())
         self._orphans.pop(run.id, None)
-        start = "from " + resume_from if resume_from else "from scratch (no checkpoint found)"
-        self.book.event(run, "attempt", f"attempt {attempt}: {why}, {start}")
-        self.local.start_part(run, spec, attempt, master_addr, port, resume_from)
+        self.book.event(run, "attempt", f"attempt {attempt}: {why}, {point.describe()}")
+        self.local.start_part(run, spec, attempt, master_addr, port, point)
         run = self.book.move(
             run.id, RunState.STARTING, f"attempt {attempt}: {why}", next_attempt=True
         )
@@ -499,7 +511,7 @@ class Gang:
             attempt=attempt,
             master_addr=master_addr,
             master_port=port,
-            resume_from=resume_from,
+            resume_from=point.path,
         )
         replies = await self._call(run, self._others(run), PART_START, _each(request))
         failed = {rank: reply for rank, reply in replies.items() if isinstance(reply, Exception)}
@@ -591,26 +603,24 @@ def _report(run_id: str, task: asyncio.Task[None]) -> None:
         log.error("run %s: gang work failed", run_id, exc_info=task.exception())
 
 
+def _resume_point(run: RunRecord, spec: RunSpec, fresh: bool) -> ResumePoint:
+    if fresh:
+        return ResumePoint(None)
+    if run.resume_next is not None:
+        return ResumePoint(run.resume_next, note="chosen with --from")
+    point = find_checkpoint(run)
+    if point.path is None and spec.resume.require_checkpoint:
+        raise ProtocolError(
+            ErrorCode.CONFLICT,
+            f"run {run.id} has no checkpoint to resume from ({point.note}) and its spec sets"
+            f" resume.require_checkpoint; name one: gpuctl resume {run.id} --from PATH",
+        )
+    return point
+
+
 def _latest_step(book: RunBook, run_id: str) -> int | None:
     latest = book.store.latest_metrics(run_id)
     return latest[0] if latest else None
-
-
-def find_checkpoint(run: RunRecord) -> str | None:
-    """The checkpoint a new attempt starts from, as `resume.latest` says to find it."""
-    spec = parse_spec(run.spec)
-    how = spec.resume.latest
-    reported = run.last_checkpoint.path if run.last_checkpoint else None
-    if how in ("reported", "auto") and reported and os.path.exists(reported):
-        return reported
-    if how in ("newest", "auto"):
-        pattern = spec.resume.pattern
-        if not os.path.isabs(pattern):
-            pattern = os.path.join(run.checkpoint_dir, pattern)
-        candidates = [p for p in glob.glob(pattern) if not os.path.basename(p).startswith(".")]
-        if candidates:
-            return max(candidates, key=os.path.getmtime)
-    return None
 
 
 def metrics_event(run_id: str, points: list[MetricPoint]) -> RunMetricsEvent:

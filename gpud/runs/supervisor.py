@@ -59,6 +59,7 @@ from gpud.runmodel import (
 )
 from gpud.runs import gang
 from gpud.runs.book import Publish, RunBook, check_coordinator
+from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint
 from gpud.runs.gpus import Gpu
 from gpud.runs.leases import GpuLeases
 from gpud.runs.logparse import MetricExtractor, classify, split_rank
@@ -250,17 +251,19 @@ class Supervisor:
         attempt: int,
         master_addr: str,
         master_port: int,
-        resume_from: str | None,
+        resume: ResumePoint,
     ) -> Part:
         """Start this node's part of an attempt (its shim, its torchrun) on the GPUs it
         leases here; raises a ProtocolError, with nothing leased, when it cannot have them."""
         held = self.leases.held(run.id, attempt)  # reserved by node 0's all-or-none round
         gpus = held or self.leases.take(run.id, run.name, spec, attempt)
         try:
-            return self._start_part(run, spec, attempt, master_addr, master_port, resume_from, gpus)
+            part = self._start_part(run, spec, attempt, master_addr, master_port, resume.path, gpus)
         except BaseException:
             self.leases.release(run.id, attempt)
             raise
+        self.book.update_part(part, resume_step=resume.step, start=resume.describe())
+        return part
 
     def reserve_gpus(
         self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str]
@@ -368,7 +371,7 @@ class Supervisor:
         self.store.lease_port(port, run_id, 1, self.clock())
         run = self.book.add(run)
         self.book.event(run, "launch", f"launched by {caller.name} on {len(nodes)} node(s)")
-        self.start_part(run, spec, 1, master_addr, port, None)
+        self.start_part(run, spec, 1, master_addr, port, ResumePoint(None))
         run = self.book.move(run.id, RunState.STARTING, f"attempt 1 on {len(nodes)} node(s)")
         self.gang.view(run)
         return LaunchReply(run=self.book.summary(run), master_addr=master_addr, master_port=port)
@@ -412,7 +415,7 @@ class Supervisor:
             run = self.book.move(run.id, RunState.QUEUED, "node 0 starts it when its GPUs free up")
             return JoinReply(run=self.book.summary(run))
         assert req.master_port is not None
-        self.start_part(run, spec, req.attempt, req.master_addr, req.master_port, None)
+        self.start_part(run, spec, req.attempt, req.master_addr, req.master_port, ResumePoint(None))
         run = self.book.move(run.id, RunState.STARTING, f"attempt {req.attempt}")
         return JoinReply(run=self.book.summary(run))
 
@@ -465,7 +468,12 @@ class Supervisor:
             self.book.load(run)  # an ended run, read back from the store
         run = self.book.update(run.id, attempt=req.attempt, stop_requested=False)
         part = self.start_part(
-            run, _spec_of(run), req.attempt, req.master_addr, req.master_port, req.resume_from
+            run,
+            _spec_of(run),
+            req.attempt,
+            req.master_addr,
+            req.master_port,
+            ResumePoint(req.resume_from),
         )
         self.book.move(run.id, RunState.STARTING, f"attempt {req.attempt}", next_attempt=True)
         return part.record
@@ -562,7 +570,14 @@ class Supervisor:
         if self.book.get(run.id) is None:
             self.book.load(run)
         queue = req.queue or _spec_of(run).queue
-        run = await self.gang.start_attempt(run, why=f"resumed by {caller.name}", queue=queue)
+        if req.checkpoint is not None:
+            try:
+                explicit_checkpoint(req.checkpoint)
+            except ValueError as exc:
+                raise ProtocolError(ErrorCode.INVALID_BODY, str(exc)) from None
+        run = await self.gang.start_attempt(
+            run, why=f"resumed by {caller.name}", queue=queue, resume_from=req.checkpoint
+        )
         return self.book.summary(run)
 
     # ================================================================== trainers

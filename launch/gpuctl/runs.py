@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -21,7 +22,14 @@ from gpud.protocol import (
     RunSummary,
     StopRequest,
 )
-from gpud.runmodel import FailureCause, RunState, gpus_by_node_text, gpus_text, steps_text
+from gpud.runmodel import (
+    AttemptRecord,
+    FailureCause,
+    RunState,
+    gpus_by_node_text,
+    gpus_text,
+    steps_text,
+)
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -154,7 +162,7 @@ def status_command(ctl: Ctl, run: str) -> None:
         lines += [
             "",
             table(
-                ["ATTEMPT", "STATE", "PORT", "GPUS", "EXIT", "REASON"],
+                ["ATTEMPT", "STATE", "PORT", "GPUS", "EXIT", "STARTED", "REASON"],
                 [
                     [
                         str(a.attempt),
@@ -162,6 +170,7 @@ def status_command(ctl: Ctl, run: str) -> None:
                         str(a.master_port),
                         gpus_text(a.gpus),
                         _exit_text(a.exit.exit_code, a.exit.signal) if a.exit else "-",
+                        _start_text(a),
                         a.reason or "",
                     ]
                     for a in status.attempts
@@ -187,6 +196,15 @@ def _cause_lines(cause: FailureCause) -> list[str]:
     out = [f"cause     {kind}{source}: {cause.summary}"]
     out += [f"          | {line}" for line in cause.lines[-CAUSE_LINES:]]
     return out
+
+
+def _start_text(attempt: AttemptRecord) -> str:
+    """What an attempt started from, short: `step 40`, the checkpoint's name, `scratch`."""
+    if attempt.resume_from is None:
+        return "scratch"
+    if attempt.resume_step is not None:
+        return f"step {attempt.resume_step}"
+    return os.path.basename(attempt.resume_from.rstrip("/")) or attempt.resume_from
 
 
 def _exit_text(code: int | None, signal: int | None) -> str:
@@ -247,14 +265,27 @@ def _finish(ctl: Ctl, found: FoundRun, message: str) -> None:
 @run_argument
 @click.option("--wait", is_flag=True, help="Follow the run; exit 0 if it succeeds, else 1.")
 @click.option("--queue", is_flag=True, help="If its GPUs are busy, wait for them in the queue.")
+@click.option(
+    "--from",
+    "checkpoint",
+    metavar="PATH",
+    help="Start from this checkpoint (any, even another run's) instead of the run's latest.",
+)
 @json_option
 @click.pass_obj
-def resume_command(ctl: Ctl, run: str, wait: bool, queue: bool) -> None:
-    """Start a new attempt of a stopped or failed run from its latest checkpoint."""
+def resume_command(ctl: Ctl, run: str, wait: bool, queue: bool, checkpoint: str | None) -> None:
+    """Start a new attempt of a stopped or failed run from its latest checkpoint.
+
+    Only a checkpoint the run wrote counts: one its trainer reported, or a match of
+    resume.pattern written after the run was created. Without one the attempt starts from
+    scratch (or is refused, with resume.require_checkpoint)."""
     found = find_run(ctl, run)
+    if checkpoint is not None:
+        checkpoint = os.path.abspath(checkpoint)
+    request = ResumeRequest(run=found.id, queue=queue, checkpoint=checkpoint)
     try:
         with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
-            summary = client.call(RUN_RESUME, ResumeRequest(run=found.id, queue=queue))
+            summary = client.call(RUN_RESUME, request)
     except ClientError as exc:
         fail(str(exc), exit_code_for(exc))
     assert isinstance(summary, RunSummary)
@@ -263,7 +294,8 @@ def resume_command(ctl: Ctl, run: str, wait: bool, queue: bool) -> None:
         if summary.state is RunState.QUEUED:
             _finish(ctl, found, f"{summary.id} is {summary.state_label}: {summary.reason}")
         else:
-            _finish(ctl, found, f"resumed {summary.id} as attempt {summary.attempt}")
+            start = f" {summary.start}" if summary.start else ""
+            _finish(ctl, found, f"resumed {summary.id} as attempt {summary.attempt}{start}")
         return
     code = follow(ctl, found)
     _finish(ctl, found, outcome_line(found.status.run))

@@ -38,6 +38,7 @@ def test_there_are_examples_for_every_documented_case() -> None:
         "accelerate-fp16",
         "multinode-2x4",
         "unmodified-script",
+        "single-process",
     } <= names
 
 

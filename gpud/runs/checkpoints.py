@@ -1,0 +1,78 @@
+"""Which checkpoint a new attempt of a run starts from: only ever one the run wrote.
+
+A checkpoint counts for a run when its trainer reported it, or when it matches
+`resume.pattern` and was written after the run was created (its mtime). A shared
+`out_dir` often holds an earlier run's `ckpt.pt`; resuming from that would jump to the
+other run's step and report success with nothing trained. `gpuctl resume --from PATH`
+names one explicitly, whoever wrote it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+
+from gpud.runmodel import RunRecord
+from launch.spec import parse_spec
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where the next attempt starts: a checkpoint (with its step when known), or scratch."""
+
+    path: str | None
+    step: int | None = None
+    #: Why there is none, or what was passed over; one line for the events.
+    note: str | None = None
+
+    def describe(self) -> str:
+        if self.path is None:
+            return "from scratch" + (f": {self.note}" if self.note else "")
+        step = f" (step {self.step})" if self.step is not None else ""
+        return f"from {self.path}{step}" + (f"; {self.note}" if self.note else "")
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return None
+
+
+def find_checkpoint(run: RunRecord) -> ResumePoint:
+    """The checkpoint a new attempt starts from, as `resume.latest` says to find it."""
+    spec = parse_spec(run.spec)
+    how = spec.resume.latest
+    reported = run.last_checkpoint
+    if how in ("reported", "auto") and reported and os.path.exists(reported.path):
+        return ResumePoint(reported.path, reported.step)
+    if how == "reported":
+        return ResumePoint(None, note="the trainer reported no checkpoint")
+    pattern = spec.resume.pattern
+    if not os.path.isabs(pattern):
+        pattern = os.path.join(run.checkpoint_dir, pattern)
+    candidates = [p for p in glob.glob(pattern) if not os.path.basename(p).startswith(".")]
+    dated = [(when, p) for p in candidates if (when := _mtime(p)) is not None]
+    ours = [(when, p) for when, p in dated if when >= run.created_at]
+    older = len(dated) - len(ours)
+    passed_over = (
+        f"passed over {older} older match(es) of {pattern} written before the run was created"
+        if older
+        else None
+    )
+    if ours:
+        path = max(ours)[1]
+        step = reported.step if reported and reported.path == path else None
+        return ResumePoint(path, step, passed_over)
+    return ResumePoint(None, note=f"no checkpoint of this run; {passed_over}" if older else
+                       "no checkpoint of this run")  # fmt: skip
+
+
+def explicit_checkpoint(path: str) -> ResumePoint:
+    """`gpuctl resume --from PATH`: that one, if it is there."""
+    if not os.path.isabs(path):
+        raise ValueError(f"--from {path}: give an absolute path (it is read on the nodes)")
+    if not os.path.exists(path):
+        raise ValueError(f"--from {path}: no such file or directory on node 0")
+    return ResumePoint(path, note="chosen with --from")
