@@ -83,6 +83,14 @@ class Ingest:
         except zmq.ZMQError as exc:
             log.debug("stop request for %s not sent: %s", run_id, exc)
 
+    def request_dump(self, run_id: str, attempt: int) -> None:
+        """Ask the run's trainers for a flight-recorder dump (the trainers library)."""
+        payload = json.dumps({"kind": "dump", "attempt": attempt})
+        try:
+            self._sync_control.send_multipart([run_id.encode(), payload.encode()], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("dump request for %s not sent: %s", run_id, exc)
+
     def close(self) -> None:
         self._pull.close(linger=0)
         self._control.close(linger=0)

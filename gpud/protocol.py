@@ -238,6 +238,9 @@ class PartStopRequest(Message):
     failed: bool = Field(
         False, description="another part failed or was lost: the part ends `failed`, fast"
     )
+    dump: bool = Field(
+        False, description="a hang: ask the trainers for a flight-recorder dump first"
+    )
 
 
 class PartStatusRequest(Message):

@@ -5,7 +5,8 @@ Off unless set in the environment; the training loop pays one attribute check pe
     GPUD_TEST_HANG_RANK=1 GPUD_TEST_HANG_AT_STEP=50    rank 1 stops making progress
     GPUD_TEST_SLOW_RANK=1 GPUD_TEST_SLOW_S=0.05        rank 1 takes 50 ms longer per step
     GPUD_TEST_RAISE_RANK=1 GPUD_TEST_RAISE_AT_STEP=3   rank 1 raises ValueError after step 3
-        (GPUD_TEST_RAISE_MESSAGE: its message; GPUD_TEST_RAISE_ATTEMPTS=1: only in attempt 1)
+        (GPUD_TEST_RAISE_MESSAGE: its message)
+    GPUD_TEST_ONLY_ATTEMPTS=1,2                        hang and raise only in these attempts
 """
 
 from __future__ import annotations
@@ -27,15 +28,13 @@ class TestHooks:
     @classmethod
     def from_env(cls, env: Mapping[str, str], rank: int) -> TestHooks | None:
         hang = slow = raise_at = None
-        attempt = env.get("GPUD_ATTEMPT", "1")
-        if env.get("GPUD_TEST_HANG_RANK") == str(rank):
+        only = env.get("GPUD_TEST_ONLY_ATTEMPTS")
+        now = only is None or env.get("GPUD_ATTEMPT", "1") in only.split(",")
+        if env.get("GPUD_TEST_HANG_RANK") == str(rank) and now:
             hang = int(env.get("GPUD_TEST_HANG_AT_STEP", "0"))
         if env.get("GPUD_TEST_SLOW_RANK") == str(rank):
             slow = float(env.get("GPUD_TEST_SLOW_S", "0.05"))
-        only = env.get("GPUD_TEST_RAISE_ATTEMPTS")
-        if env.get("GPUD_TEST_RAISE_RANK") == str(rank) and (
-            only is None or attempt in only.split(",")
-        ):
+        if env.get("GPUD_TEST_RAISE_RANK") == str(rank) and now:
             raise_at = int(env.get("GPUD_TEST_RAISE_AT_STEP", "0"))
         if hang is None and slow is None and raise_at is None:
             return None

@@ -40,6 +40,7 @@ class GpudLink:
         control: str | None,
         jsonl_path: str | None,
         on_stop: Callable[[str], None],
+        on_dump: Callable[[], None] | None = None,
         ticker: Callable[[], list[Item]] | None = None,
         mirror: WandbMirror | None = None,
     ) -> None:
@@ -53,6 +54,7 @@ class GpudLink:
         self._control = control
         self._jsonl_path = jsonl_path
         self._on_stop = on_stop
+        self._on_dump = on_dump
         self._ticker = ticker
         self._mirror = mirror
         self._closing = threading.Event()
@@ -142,8 +144,12 @@ class GpudLink:
                 message = json.loads(frames[-1])
             except ValueError:
                 continue
-            if isinstance(message, dict) and message.get("kind") == "stop":
+            if not isinstance(message, dict):
+                continue
+            if message.get("kind") == "stop":
                 self._on_stop(str(message.get("reason") or "stop requested by gpud"))
+            elif message.get("kind") == "dump" and self._on_dump is not None:
+                self._on_dump()
 
     def _flush(self, push: zmq.Socket[bytes] | None, jsonl: Any) -> None:
         lines = []

@@ -85,6 +85,7 @@ class Run:
             env.control,
             jsonl,
             self._request_stop,
+            on_dump=self._dump_flight_recorder,
             ticker=self._tick,
             mirror=mirror,
         )
@@ -100,6 +101,27 @@ class Run:
         )
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _dump_flight_recorder(self) -> None:
+        """gpud saw a hang: write this rank's flight-recorder trace where torch writes its
+        own dump on a collective timeout (runs on the link thread: the training thread is
+        most likely stuck in the collective)."""
+        prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+        if not prefix:
+            return
+        try:
+            import torch
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            trace = torch._C._distributed_c10d._dump_fr_trace()  # type: ignore[attr-defined]
+            path = f"{prefix}{self.rank}"
+            with open(path + ".tmp", "wb") as f:
+                f.write(trace)
+            os.replace(path + ".tmp", path)
+        except Exception:  # a missing dump must never kill the rank
+            return
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._request_stop("SIGTERM")

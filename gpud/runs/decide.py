@@ -192,7 +192,10 @@ def decide(
         # to report may still hold the first cause); the parts stopped because of it have
         # none of their own.
         step = step_of()
-        failure = failure_of(run, parts, states, lost_after_s, step) or cause
+        if cause is not None and cause.kind is CauseKind.HANG:
+            failure: FailureCause | None = cause  # the gang stopped it: the rest are echoes
+        else:
+            failure = failure_of(run, parts, states, lost_after_s, step) or cause
         if failure is None:
             failed = min(r for r, s in states.items() if s is RunState.FAILED)
             failure = _unexplained(run, parts, failed, step)

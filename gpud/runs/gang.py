@@ -81,6 +81,8 @@ ORPHAN_WATCH_S = 3600.0
 FAILED_KILL_GRACE_S = 2.0
 #: How often node 0 tries again to start a queued run.
 QUEUE_RETRY_S = 1.0
+#: A hung run's ranks get this long to write their flight-recorder dumps before SIGTERM.
+HANG_DUMP_WAIT_S = 1.0
 
 
 class LocalParts(Protocol):
@@ -115,6 +117,7 @@ class LocalParts(Protocol):
         reason: str,
         grace_s: float | None = None,
         failed: str | None = None,
+        dump: bool = False,
     ) -> None: ...
 
 
@@ -323,6 +326,29 @@ class Gang:
             if lost:
                 self._orphans[run.id] = (self.book.clock(), lost)
 
+    def hang(self, run: RunRecord, cause: FailureCause) -> None:
+        """Health called the run stalled for `restart.hang_timeout_s`: ask every rank for a
+        flight-recorder dump, stop the gang as failed with the cause `hang`; `decide` then
+        restarts it from the latest checkpoint when `restart` allows."""
+        view = self.view(run)
+        if view.cause is not None:
+            return  # already failing
+        cause = cause.model_copy(update={"step": _latest_step(self.book, run.id)})
+        view.cause = cause
+        reason = cause.one_line()
+        self.book.event(
+            run, "hang", f"{reason}; asking for a flight-recorder dump, then stopping", "critical"
+        )
+        self.local.stop_part(
+            run, force=False, reason=reason, grace_s=HANG_DUMP_WAIT_S, failed=reason, dump=True
+        )
+        if len(run.nodes) > 1:
+            task = asyncio.get_running_loop().create_task(
+                self.stop_peers(run, force=False, reason=reason, failed=True, dump=True)
+            )
+            self._errands.add(task)
+            task.add_done_callback(self._errands.discard)
+
     def _propagate(self, run: RunRecord, reason: str) -> None:
         """One part failed or was lost: stop every other part, as failed, at once.
 
@@ -346,12 +372,14 @@ class Gang:
     # ------------------------------------------------------------------ stopping
 
     async def stop_peers(
-        self, run: RunRecord, force: bool, reason: str, failed: bool = False
+        self, run: RunRecord, force: bool, reason: str, failed: bool = False, dump: bool = False
     ) -> list[int]:
         """Ask the other nodes to stop their parts; returns the ranks that did not answer."""
         if len(run.nodes) < 2:
             return []
-        request = PartStopRequest(run_id=run.id, force=force, reason=reason[:500], failed=failed)
+        request = PartStopRequest(
+            run_id=run.id, force=force, reason=reason[:500], failed=failed, dump=dump
+        )
         replies = await self._call(run, self._others(run), PART_STOP, _each(request))
         silent = []
         for rank, reply in replies.items():

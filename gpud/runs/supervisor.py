@@ -46,7 +46,9 @@ from gpud.protocol import (
 )
 from gpud.runmodel import (
     AttemptRecord,
+    CauseKind,
     CheckpointRef,
+    FailureCause,
     HeartbeatMessage,
     MetricPoint,
     NodeRef,
@@ -125,6 +127,7 @@ class Supervisor:
         self.leases = GpuLeases(node, store, hardware, self._run_name, clock)
         self._extractors: dict[str, MetricExtractor] = {}
         self._last_stop_sent: dict[str, float] = {}
+        self._hangs: dict[str, int] = {}  # run → the attempt already stopped as hung
         self._last_pids: dict[str, float] = {}
         self._last_expire = 0.0
 
@@ -493,7 +496,14 @@ class Supervisor:
         run = self.book.find(req.run_id)
         check_coordinator(run, caller)
         if req.failed:
-            self.stop_part(run, force=req.force, reason=req.reason, grace_s=0.0, failed=req.reason)
+            self.stop_part(
+                run,
+                force=req.force,
+                reason=req.reason,
+                grace_s=gang.HANG_DUMP_WAIT_S if req.dump else 0.0,
+                failed=req.reason,
+                dump=req.dump,
+            )
         else:
             self.stop_part(run, force=req.force, reason=req.reason)
         return self.part_status(PartStatusRequest(run_id=run.id), caller)
@@ -506,15 +516,19 @@ class Supervisor:
         reason: str,
         grace_s: float | None = None,
         failed: str | None = None,
+        dump: bool = False,
     ) -> None:
         """Stop this node's part: handshake, SIGTERM after the grace, SIGKILL after that.
 
         `failed`: another part failed or was lost — this one ends `failed` for that reason,
         and its ranks get only a short time after SIGTERM (they are most likely stuck).
+        `dump`: first ask its trainers for a flight-recorder dump (a hang).
         """
         part = self.book.part(run.id)
         if part is None or part.record.state.terminal:
             return
+        if dump and part.record.library:
+            self.ingest.request_dump(run.id, part.record.attempt)
         spec = _spec_of(run)
         part.request_stop(
             spec.stop_grace_s if grace_s is None else grace_s,
@@ -649,7 +663,34 @@ class Supervisor:
             self._last_expire = now
             self.leases.expire(self._live_parts(), now)
         self.telemetry.tick(now)
+        self._find_hangs(now)
         await self.gang.tick(now)
+
+    def _find_hangs(self, now: float) -> None:
+        """A run health has called stalled for its `restart.hang_timeout_s` is a hang."""
+        for run_id, health in self.telemetry.health.items():
+            stall = health.stall
+            if stall is None or self._hangs.get(run_id) == health.attempt:
+                continue
+            run = self.book.get(run_id)
+            if run is None or run.state is not RunState.RUNNING or run.attempt != health.attempt:
+                continue
+            timeout = _spec_of(run).restart.hang_timeout_s
+            if timeout is None or stall.stuck_for_s < timeout:
+                continue
+            self._hangs[run_id] = health.attempt
+            who = f"rank {stall.rank}" if stall.rank is not None else "every rank"
+            cause = FailureCause(
+                kind=CauseKind.HANG,
+                summary=f"stalled for {stall.stuck_for_s:.0f}s"
+                f" (restart.hang_timeout_s {timeout:g}): {stall.why}",
+                rank=stall.rank,
+                source="health",
+                attempt=run.attempt,
+                time=now,
+            )
+            log.warning("run %s: %s made no progress: a hang", run_id, who)
+            self.gang.hang(run, cause)
 
     def _follow_log(self, run: RunRecord, part: Part) -> None:
         lines = part.read_lines()

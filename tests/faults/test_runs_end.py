@@ -18,18 +18,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpud.client import Client
-from gpud.protocol import RUN_METRICS, MetricsRequest
 from gpud.runmodel import AttemptRecord, CauseKind, RunState
 from gpud.runs import procs
 from gpud.runs.part import Part
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     FAST,
+    assert_no_gap,
     kill_rank,
     launch,
     nothing_left,
     status,
+    steps_recorded,
     wait_for,
     wait_for_part,
     wait_for_step,
@@ -86,17 +86,6 @@ def long_two_node_run(node0: RunningDaemon, node1: RunningDaemon, *sets: str) ->
     )
     wait_for_step(node0, run_id, 3)
     return run_id
-
-
-def steps_recorded(daemon: RunningDaemon, run_id: str) -> list[int]:
-    with Client(daemon.target(), timeout_s=10) as client:
-        reply = client.call(RUN_METRICS, MetricsRequest(run=run_id, name="loss", limit=100_000))
-    return sorted({row.step for row in reply.rows})
-
-
-def assert_no_gap(steps: list[int], total: int) -> None:
-    missing = sorted(set(range(total)) - set(steps))
-    assert not missing, f"metric steps lost: {missing[:20]} ({len(missing)} in all)"
 
 
 # --------------------------------------------------------------------------- daemons die

@@ -9,16 +9,18 @@ import os
 import time
 from pathlib import Path
 
-from gpud.runmodel import RunState
+from gpud.runmodel import CauseKind, RunState
 from gpud.runs import procs
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     FAST,
     ROOT,
+    assert_no_gap,
     force_stop,
     launch,
     nothing_left,
     status,
+    steps_recorded,
     wait_for,
     wait_for_step,
 )
@@ -95,7 +97,7 @@ def test_an_error_that_moves_on_is_retried(daemon: RunningDaemon) -> None:
         daemon,
         FAST,
         *RAISE,
-        "env.GPUD_TEST_RAISE_ATTEMPTS='1'",
+        "env.GPUD_TEST_ONLY_ATTEMPTS='1'",
         "training.max_steps=30",
         "restart.max_attempts=1",
         "restart.backoff_s=0.2",
@@ -104,6 +106,42 @@ def test_an_error_that_moves_on_is_retried(daemon: RunningDaemon) -> None:
     s = wait_for(daemon, run_id, {"failed", "succeeded"}, timeout=180)
     assert s.run.state is RunState.SUCCEEDED, s.run.reason
     assert s.run.restarts == 1 and s.run.cause is not None and s.run.cause.attempt == 1
+
+
+def test_a_hang_is_stopped_and_restarted_from_the_checkpoint_with_no_metric_gap(
+    daemon: RunningDaemon,
+) -> None:
+    total = 80
+    run_id = launch(
+        daemon,
+        FAST,
+        f"training.max_steps={total}",
+        "checkpoint.every_steps=10",
+        "env.GPUD_TEST_HANG_RANK=1",
+        "env.GPUD_TEST_HANG_AT_STEP=34",
+        "env.GPUD_TEST_ONLY_ATTEMPTS=1",
+        "restart.max_attempts=1",
+        "restart.backoff_s=0.5",
+        "restart.hang_timeout_s=5",
+    )
+    s = wait_for(daemon, run_id, {"succeeded", "failed"}, timeout=240)
+    assert s.run.state is RunState.SUCCEEDED, s.run.reason
+    assert (s.run.attempt, s.run.restarts) == (2, 1)
+    cause = s.run.cause
+    assert cause is not None and (cause.kind, cause.rank, cause.attempt) == (CauseKind.HANG, 1, 1)
+    assert (
+        cause.summary.startswith("stalled for ") and "(restart.hang_timeout_s 5)" in cause.summary
+    )
+    assert any(e.kind == "hang" for e in s.events)
+    assert s.attempts[1].resume_from is not None and s.attempts[1].resume_step == 29
+    # Both ranks dumped their flight recorder before the gang was stopped.
+    first = Path(s.attempts[0].attempt_dir)
+    assert sorted(p.name for p in first.glob("nccl_trace_rank_*")) == [
+        "nccl_trace_rank_0",
+        "nccl_trace_rank_1",
+    ]
+    assert_no_gap(steps_recorded(daemon, run_id), total)
+    nothing_left(run_id)
 
 
 # --------------------------------------------------------------------------- a lone process

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from gpud.client import Client
-from gpud.protocol import RUN_STATUS, RunRef, RunStatus
+from gpud.protocol import RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef, RunStatus
 from gpud.runmodel import RunState
 from gpud.runs import procs
 from tests.support.daemons import RunningDaemon, gpuctl
@@ -126,3 +126,14 @@ def nothing_left(run_id: str, timeout: float = 10) -> None:
         time.sleep(0.2)
     left = [(p.pid, p.name()) for p in procs.tagged(run_id)]
     raise AssertionError(f"processes of {run_id} survived: {left}")
+
+
+def steps_recorded(daemon: RunningDaemon, run_id: str) -> list[int]:
+    with Client(daemon.target(), timeout_s=10) as client:
+        reply = client.call(RUN_METRICS, MetricsRequest(run=run_id, name="loss", limit=100_000))
+    return sorted({row.step for row in reply.rows})
+
+
+def assert_no_gap(steps: list[int], total: int) -> None:
+    missing = sorted(set(range(total)) - set(steps))
+    assert not missing, f"metric steps lost: {missing[:20]} ({len(missing)} in all)"
