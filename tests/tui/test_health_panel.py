@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.runmodel import HealthSummary, RankView, RunState, Stall, Straggler
+from gpud.runmodel import (
+    CauseKind,
+    FailureCause,
+    HealthSummary,
+    RankView,
+    RunState,
+    Stall,
+    Straggler,
+)
 from tests.tui import scenes
 from tests.tui.screen import screen_text
 from tui.app import GpuTop
@@ -84,3 +92,34 @@ async def test_a_running_run_with_the_same_health_shows_the_stall_and_its_countd
     text = await run_screen(model(RunState.RUNNING, None))
     assert "STALLED" in text and "timeout in 29m" in text and "straggler: rank 1" in text
     assert "ENDED" not in text
+
+
+@pytest.mark.asyncio
+async def test_a_failed_run_shows_its_cause_and_the_lines_around_it() -> None:
+    fleet = model(RunState.FAILED, "rank 1 on node n1: ValueError: bad shard 17 (user code, …)")
+    cause = FailureCause(
+        kind=CauseKind.USER,
+        summary="ValueError: bad shard 17",
+        rank=1,
+        node_rank=0,
+        node="n1",
+        step=6,
+        attempt=1,
+        source="error file",
+        lines=['  File "train.py", line 31, in main', "ValueError: bad shard 17"],
+    )
+    summary = fleet.runs[RUN].summary.model_copy(update={"cause": cause})
+    fleet.apply_event(NODE, scenes.event(f"run.{RUN}.state", summary))
+    text = await run_screen(fleet)
+    panel = text[text.index("health · gloo") :]
+    assert "FAILED  user code" in panel, panel
+    assert "rank 1, node n1, step 7, attempt 1,\n" in panel and "from the error file" in panel
+    assert '│   File "train.py", line 31, in main' in panel
+    assert "│ ValueError: bad shard 17" in panel
+    gputop = GpuTop(fleet, refresh_s=3600)
+    async with gputop.run_test(size=(120, 40)) as pilot:
+        await pilot.press("colon", *"runs", "enter")
+        await pilot.pause()
+        runs = screen_text(gputop)
+    row = next(line for line in runs.splitlines() if line.startswith(RUN))
+    assert " user " in row, row  # the class where a live run shows its verdict

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpud.protocol import MetricsReply, RunSummary
-from gpud.runmodel import HealthSummary, RunEvent, RunState, completed_steps, gpus_by_node_text
+from gpud.runmodel import (
+    FailureCause,
+    HealthSummary,
+    RunEvent,
+    RunState,
+    completed_steps,
+    gpus_by_node_text,
+)
 from tui.model.logs import LogBuffer
 from tui.model.series import MetricSeries
 
@@ -44,6 +51,7 @@ class Ending:
 
     state: RunState
     reason: str | None
+    cause: FailureCause | None = None
 
     @property
     def label(self) -> str:
@@ -254,4 +262,5 @@ class RunView:
         None while it has not ended (or nothing is known of it yet)."""
         if not self.parts or not self.summary.state.terminal:
             return None
-        return Ending(self.summary.state, self.summary.reason)
+        s = self.summary
+        return Ending(s.state, s.reason, s.cause if s.state is RunState.FAILED else None)

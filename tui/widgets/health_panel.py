@@ -12,22 +12,47 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from gpud.runmodel import GpuTrouble, HealthSummary, RunState
+from gpud.runmodel import FailureCause, GpuTrouble, HealthSummary, RunState
 from tui.model import units
 from tui.model.runs import Ending, RunView
 from tui.widgets.runs_table import STATE_STYLES, VERDICT_STYLES
 
 MAX_RANKS_SHOWN = 256
+#: Log lines of a failure's cause the panel shows.
+CAUSE_LINES = 6
 
 
 def ending_text(ending: Ending) -> Text:
     """An ended run's final state, in place of its last live verdict, stall and countdown."""
     style = STATE_STYLES.get(ending.state, "") or "dim"
     text = Text(f" {ending.label} ", style=f"reverse {style}")
-    if ending.reason and ending.state is not RunState.SUCCEEDED:
+    cause = ending.cause
+    if cause is not None:
+        text.append(f" {cause.kind.label} ", style="bold")
+        text.append(f"\n{cause.summary}", style=style)
+        text.append(f"\n{_where(cause)}", style="dim")
+        for line in cause.lines[-CAUSE_LINES:]:
+            text.append(f"\n│ {line}", style="dim")
+    elif ending.reason and ending.state is not RunState.SUCCEEDED:
         text.append(f"\n{ending.reason}", style=style)
     text.append("\nthe run ended: no live health", style="dim")
     return text
+
+
+def _where(cause: FailureCause) -> str:
+    """Where and when the cause started: rank, node, step, attempt, and what told us."""
+    parts = []
+    if cause.rank is not None:
+        parts.append(f"rank {cause.rank}")
+    if cause.node is not None or cause.node_rank is not None:
+        parts.append(f"node {cause.node if cause.node is not None else cause.node_rank}")
+    if cause.step is not None:
+        parts.append(f"step {cause.step + 1}")
+    if cause.attempt is not None:
+        parts.append(f"attempt {cause.attempt}")
+    if cause.source:
+        parts.append(f"from the {cause.source}")
+    return ", ".join(parts)
 
 
 def verdict_text(health: HealthSummary) -> Text:

@@ -27,6 +27,8 @@ def header_text(run: RunView, metric: str) -> Text:
     text.append(f" · attempt {s.attempt}")
     if s.restarts:
         text.append(f" ({s.restarts} restarts)", style="yellow")
+    if s.attempt > 1 and s.start:
+        text.append(f" {_short(s.start)}", style="dim")
     text.append(f" · {s.launcher}")
     backend = run.backend()
     if backend:
@@ -57,6 +59,11 @@ def header_text(run: RunView, metric: str) -> Text:
     if s.last_checkpoint is not None and s.last_checkpoint.step is not None:
         text.append(f"  ckpt @{s.last_checkpoint.step}", style="dim")
     return text
+
+
+def _short(start: str, width: int = 48) -> str:
+    """`from /long/path/ckpt/step_00000029.pt (step 29)`, cut at the front to fit."""
+    return start if len(start) <= width else "from …" + start[-(width - 6) :]
 
 
 class RunHeader(Static):

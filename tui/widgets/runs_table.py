@@ -57,6 +57,12 @@ def shape(run: RunView) -> str:
 
 
 def verdict_cell(run: RunView) -> Text:
+    """The live health verdict; for a failed run (or one waiting to restart) the class of
+    its failure's cause: user, oom, nccl, network, signal, hardware, hang…"""
+    s = run.summary
+    restarting = s.state is RunState.PENDING and s.next_restart_at is not None
+    if s.cause is not None and (s.state is RunState.FAILED or restarting):
+        return Text(s.cause.kind.value, style="bold red")
     verdict = run.verdict()
     if verdict is None:
         return Text("–", style="dim")
