@@ -17,13 +17,17 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpud.hardware.events import XID_MEANINGS
 from gpud.runmodel import ECHO_KINDS, CauseKind, ExitInfo, FailureCause
 from gpud.runs.logparse import RootCause, failures, root_cause, split_rank
+from gpud.snapshot import GpuSample
 
 #: How many log lines a cause keeps around the line that matters.
 CONTEXT_LINES = 12
 #: A summary longer than this is cut: it is one line in every view.
 SUMMARY_MAX = 240
+#: An XID this long before a failure (or during the attempt, if shorter) is its cause.
+HARDWARE_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,38 @@ def _counter(path: Path) -> int | None:
         if key == "oom_kill" and value.strip().isdigit():
             return int(value)
     return None
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+def hardware_cause(
+    gpus: list[GpuSample], uuids: list[str], started: float | None, ended: float
+) -> FailureCause | None:
+    """An XID, or a lost GPU, on one of the part's GPUs in the seconds before it failed:
+    then the exception the ranks saw (a CUDA error, an NCCL error) is only the symptom."""
+    since = max(started or 0.0, ended - HARDWARE_WINDOW_S)
+    ours = [g for g in gpus if g.uuid in set(uuids)]
+    for gpu in ours:
+        if gpu.lost:
+            return FailureCause(
+                kind=CauseKind.HARDWARE,
+                summary=f"GPU {gpu.index} ({gpu.uuid}) is lost: the driver no longer reaches it",
+                source="nvml",
+                time=ended,
+            )
+    xids = [(r.time, gpu, r.code) for gpu in ours for r in gpu.xid.recent if since <= r.time]
+    if not xids:
+        return None
+    when, gpu, code = min(xids, key=lambda x: x[0])
+    meaning = XID_MEANINGS.get(code, ("warning", "see NVIDIA's XID catalogue"))[1]
+    return FailureCause(
+        kind=CauseKind.HARDWARE,
+        summary=f"XID {code} on GPU {gpu.index} ({meaning}),"
+        f" {ended - when:.0f}s before the failure",
+        source="nvml",
+        time=when,
+    )
 
 
 # --------------------------------------------------------------------------- the cause

@@ -59,7 +59,7 @@ from gpud.runmodel import (
     can_move,
     gpus_text,
 )
-from gpud.runs import gang
+from gpud.runs import causes, gang
 from gpud.runs.book import Publish, RunBook, check_coordinator
 from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint
 from gpud.runs.gpus import Gpu
@@ -746,6 +746,7 @@ class Supervisor:
     async def _settle(self, run: RunRecord, part: Part, outcome: Outcome) -> None:
         self._follow_log(run, part)
         now = self.clock()
+        outcome = self._blame_hardware(part, outcome, now)
         self.book.update_part(
             part,
             state=outcome.state,
@@ -762,6 +763,31 @@ class Supervisor:
             self.book.move(run.id, outcome.state, outcome.reason)
         # Node 0 folds this into the gang state on its next gang tick. A peer keeps the
         # coordinator's key: it may start the next attempt (resume, restart).
+
+    def _blame_hardware(self, part: Part, outcome: Outcome, now: float) -> Outcome:
+        """A part that failed right after an XID (or a lost GPU) on its GPUs failed because
+        of the hardware, whatever its ranks said: that becomes the cause, their words the
+        cause's lines."""
+        found = outcome.exit.cause
+        if outcome.state is not RunState.FAILED or found is None or not part.record.gpu_uuids:
+            return outcome
+        record = part.record
+        hardware = causes.hardware_cause(
+            self.hardware().gpus, record.gpu_uuids, record.started_at, now
+        )
+        if hardware is None:
+            return outcome
+        hardware = hardware.model_copy(
+            update={
+                "rank": found.rank,
+                "node_rank": found.node_rank,
+                "attempt": found.attempt,
+                "step": found.step,
+                "lines": [f"the ranks saw: {found.summary}", *found.lines],
+            }
+        )
+        reason = f"{hardware.summary} ({hardware.kind.label})"
+        return Outcome(outcome.state, reason, outcome.exit.model_copy(update={"cause": hardware}))
 
     async def _check_nothing_left(self, run: RunRecord, part: Part) -> None:
         """No process of the part may survive it, and none may hold GPU memory."""

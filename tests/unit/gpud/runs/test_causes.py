@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpud.runmodel import CauseKind, ExitInfo
-from gpud.runs.causes import find_cause, kind_of, last_traceback, oom_kills
+from gpud.runs.causes import find_cause, hardware_cause, kind_of, last_traceback, oom_kills
+from gpud.snapshot import GpuSample, XidRecord, XidSummary
 
 SIGKILLED = """\
 [default0]:step 10 loss 1.0
@@ -195,3 +196,30 @@ def test_the_oom_kill_count_of_the_daemons_cgroup_v1_and_v2(tmp_path: Path) -> N
     (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 1\noom_kill 4\n")
     assert oom_kills(tmp_path / "fs", membership) == 4
     assert oom_kills(tmp_path / "nowhere", membership) is None
+
+
+def gpu(index: int, *xids: tuple[int, float], lost: bool = False) -> GpuSample:
+    return GpuSample(
+        index=index,
+        name="NVIDIA H100 80GB HBM3",
+        uuid=f"GPU-{index}",
+        lost=lost,
+        xid=XidSummary(
+            total=len(xids), recent=[XidRecord(code=code, time=when) for code, when in xids]
+        ),
+    )
+
+
+def test_an_xid_on_the_parts_gpus_just_before_the_failure_is_the_cause() -> None:
+    gpus = [gpu(0), gpu(1, (79, 995.0)), gpu(2, (48, 999.0))]
+    cause = hardware_cause(gpus, ["GPU-0", "GPU-1"], started=900.0, ended=1000.0)
+    assert cause is not None and cause.kind is CauseKind.HARDWARE
+    assert cause.summary == (
+        "XID 79 on GPU 1 (GPU has fallen off the bus), 5s before the failure"
+    ), cause.summary
+    # Another run's GPU, an XID before the attempt started, or long before: not ours.
+    assert hardware_cause(gpus, ["GPU-0"], started=900.0, ended=1000.0) is None
+    assert hardware_cause(gpus, ["GPU-1"], started=996.0, ended=1000.0) is None
+    assert hardware_cause(gpus, ["GPU-1"], started=None, ended=995.0 + 61) is None
+    lost = hardware_cause([gpu(3, lost=True)], ["GPU-3"], started=None, ended=10.0)
+    assert lost is not None and lost.summary.startswith("GPU 3 (GPU-3) is lost")
