@@ -290,6 +290,9 @@ class PartView(Reading):
     error: str | None = Field(None, description="why the node could not be asked")
     gpus: list[int] = Field(default_factory=list, description="GPU indices the part holds")
     cause: FailureCause | None = Field(None, description="why it failed, as its node found")
+    flight_recorder: list[str] = Field(
+        default_factory=list, description="what its flight-recorder dumps showed"
+    )
 
 
 class RunSummary(Reading):

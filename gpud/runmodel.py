@@ -151,6 +151,10 @@ class FailureCause(Reading):
         "", description="where it was read: error file, traceback, signal, log, nvml, health"
     )
     lines: list[str] = Field(default_factory=list, description="log lines around it")
+    flight_recorder: list[str] = Field(
+        default_factory=list,
+        description="what torch's analyzer found in the ranks' flight-recorder dumps",
+    )
 
     def one_line(self) -> str:
         """`rank 1 on node B: ValueError: bad shard 17 (user code, step 1 of attempt 1)`."""
@@ -195,6 +199,9 @@ class ExitInfo(Reading):
     )
     leftovers_killed: list[int] = Field(default_factory=list)
     cause: FailureCause | None = Field(None, description="why it failed, when it did")
+    flight_recorder: list[str] = Field(
+        default_factory=list, description="the analyzer's findings in this part's dumps"
+    )
 
 
 class CheckpointRef(Reading):
@@ -566,6 +573,9 @@ class HealthSummary(Reading):
     nccl_warnings: int = 0
     last_nccl_warning: str | None = None
     gpu_trouble: list[GpuTrouble] = Field(default_factory=list)
+    flight_recorder: list[str] = Field(
+        default_factory=list, description="the analyzer's findings when the attempt failed"
+    )
 
 
 def gpus_text(gpus: list[int]) -> str:

@@ -199,6 +199,9 @@ def decide(
         if failure is None:
             failed = min(r for r, s in states.items() if s is RunState.FAILED)
             failure = _unexplained(run, parts, failed, step)
+        found = [f for p in parts.values() for f in p.flight_recorder]
+        if found:
+            failure = failure.model_copy(update={"flight_recorder": list(dict.fromkeys(found))})
         reason = failure.one_line()
         propagate = None if cause is not None or (len(parts) == 1 and not gone) else reason
         if not everyone_done:

@@ -214,6 +214,7 @@ class Gang:
             seen_at=self.book.clock(),
             gpus=own.record.held_gpus if own else [],
             cause=own.record.exit.cause if own and own.record.exit else None,
+            flight_recorder=own.record.exit.flight_recorder if own and own.record.exit else [],
         )
         view = self.views.get(run.id)
         others = list(view.parts.values()) if view is not None and run.is_coordinator else []
@@ -236,7 +237,9 @@ class Gang:
                 view.parts[rank] = old.model_copy(
                     update={"state": reply.state, "reason": reply.reason, "seen_at": now,
                             "error": None, "gpus": reply.held_gpus,
-                            "cause": reply.exit.cause if reply.exit else None}
+                            "cause": reply.exit.cause if reply.exit else None,
+                            "flight_recorder":
+                                reply.exit.flight_recorder if reply.exit else []}
                 )  # fmt: skip
             else:  # it answered: about an older attempt, or with an error reply
                 error = str(reply) if isinstance(reply, ClientError) else None

@@ -59,7 +59,7 @@ from gpud.runmodel import (
     can_move,
     gpus_text,
 )
-from gpud.runs import causes, gang
+from gpud.runs import causes, flight, gang
 from gpud.runs.book import Publish, RunBook, check_coordinator
 from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint
 from gpud.runs.gpus import Gpu
@@ -747,6 +747,14 @@ class Supervisor:
         self._follow_log(run, part)
         now = self.clock()
         outcome = self._blame_hardware(part, outcome, now)
+        if outcome.state is RunState.FAILED and flight.dumps(part.dir):
+            found = await asyncio.to_thread(flight.analyze, part.dir)
+            if found:
+                self.book.event(
+                    run, "flight_recorder", "flight recorder: " + "; ".join(found), "warning"
+                )
+                exit_info = outcome.exit.model_copy(update={"flight_recorder": found})
+                outcome = Outcome(outcome.state, outcome.reason, exit_info)
         self.book.update_part(
             part,
             state=outcome.state,

@@ -298,7 +298,7 @@ class Telemetry:
             nccl_warnings=warnings,
             last_nccl_warning=last,
             gpu_trouble=[t for p in parts for t in p.gpu_trouble],
-        )
+        ).model_copy(update={"flight_recorder": _findings(run, local.attempt)})
 
     def _backfill(self, run: RunRecord, state: _RunTelemetry) -> None:
         """Read what rank 0 appended to metrics.jsonl since the last tick into the store."""
@@ -344,3 +344,9 @@ def _gpu_index(beat: HeartbeatMessage, snapshot: NodeSnapshot) -> int | None:
     if snapshot.simulated and snapshot.gpus:
         return beat.local_rank % len(snapshot.gpus)
     return None
+
+
+def _findings(run: RunRecord, attempt: int) -> list[str]:
+    """What the flight recorder showed when this attempt failed (its final health)."""
+    cause = run.cause
+    return list(cause.flight_recorder) if cause and cause.attempt == attempt else []

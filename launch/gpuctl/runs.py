@@ -195,6 +195,7 @@ def _cause_lines(cause: FailureCause) -> list[str]:
     source = f", from the {cause.source}" if cause.source else ""
     out = [f"cause     {kind}{source}: {cause.summary}"]
     out += [f"          | {line}" for line in cause.lines[-CAUSE_LINES:]]
+    out += [f"flight    {finding}" for finding in cause.flight_recorder]
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -134,12 +135,21 @@ def test_a_hang_is_stopped_and_restarted_from_the_checkpoint_with_no_metric_gap(
     )
     assert any(e.kind == "hang" for e in s.events)
     assert s.attempts[1].resume_from is not None and s.attempts[1].resume_step == 29
-    # Both ranks dumped their flight recorder before the gang was stopped.
+    # Both ranks dumped their flight recorder before the gang was stopped, and torch's
+    # analyzer (over gloo) found the collective rank 1 never entered.
     first = Path(s.attempts[0].attempt_dir)
     assert sorted(p.name for p in first.glob("nccl_trace_rank_*")) == [
         "nccl_trace_rank_0",
         "nccl_trace_rank_1",
     ]
+    assert cause.flight_recorder, "no findings"
+    for finding in cause.flight_recorder:  # one per gradient bucket rank 1 never reduced
+        assert re.fullmatch(
+            r"collective #\d+ \(all_reduce\) never entered by rank 1 at .*/ddp\.py:\d+",
+            finding,
+        ), cause.flight_recorder
+    text = gpuctl("--node", daemon.address, "status", run_id).stdout
+    assert f"flight    {cause.flight_recorder[0]}" in text
     assert_no_gap(steps_recorded(daemon, run_id), total)
     nothing_left(run_id)
 

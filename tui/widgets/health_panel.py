@@ -33,6 +33,8 @@ def ending_text(ending: Ending) -> Text:
         text.append(f"\n{_where(cause)}", style="dim")
         for line in cause.lines[-CAUSE_LINES:]:
             text.append(f"\n│ {line}", style="dim")
+        for finding in cause.flight_recorder:
+            text.append(f"\nflight recorder: {finding}", style="yellow")
     elif ending.reason and ending.state is not RunState.SUCCEEDED:
         text.append(f"\n{ending.reason}", style=style)
     text.append("\nthe run ended: no live health", style="dim")
