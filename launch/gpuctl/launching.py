@@ -143,7 +143,7 @@ def launch_command(
 ) -> None:
     """Launch the run described by CONFIG (a YAML run spec) on its nodes."""
     try:
-        spec = load_spec(config, [*overrides, *([f"name={name}"] if name else [])])
+        spec = load_spec(config, list(overrides), name)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
     targets = _targets(ctl, spec)

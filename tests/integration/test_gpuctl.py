@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
-from tests.support.runs import FAST, launch, wait_for
+from tests.support.runs import CPU_DDP, FAST, launch, wait_for
 
 
 def test_two_daemons_on_one_machine_both_show_in_nodes(
@@ -68,6 +68,10 @@ def test_exit_codes(daemons: Callable[..., RunningDaemon], tmp_path: Path) -> No
         (["--node", "bad host:1", "nodes"], "expected HOST:PORT"),
         (["--node", f"127.0.0.1:{free_port()}", "hw"], "no server key is known"),
         (["hw", "--target-batch", "0"], "--target-batch"),
+        (
+            ["launch", str(CPU_DDP), "--set", "training.max_steps=abc"],
+            "error: --set training.max_steps=abc: training.max_steps: Input should be",
+        ),
         (["frobnicate"], "No such command"),
     ]:
         result = gpuctl(*args)
