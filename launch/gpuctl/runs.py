@@ -259,7 +259,11 @@ def resume_command(ctl: Ctl, run: str, wait: bool, queue: bool) -> None:
 @click.option("-f", "--follow", "follow_", is_flag=True, help="Keep printing new lines.")
 @click.option("--node", "node", help="Only this node: its rank (0, 1, ...) or HOST:PORT.")
 @click.option("--rank", type=click.IntRange(min=0), help="Only this global rank's lines.")
-@click.option("--tail", type=click.IntRange(min=1), help="Start with the last N lines.")
+@click.option(
+    "--tail",
+    type=click.IntRange(min=1),
+    help="Start with the last N lines (with --rank: that rank's last N lines).",
+)
 @click.option("--attempt", type=click.IntRange(min=1), help="An earlier attempt [latest].")
 @json_option
 @click.pass_obj

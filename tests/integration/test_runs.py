@@ -20,6 +20,7 @@ from tests.support.runs import (
     launch,
     nothing_left,
     ranks_of,
+    script_spec,
     status,
     wait_for,
     wait_for_step,
@@ -56,6 +57,36 @@ def test_one_node_two_processes_succeeds_with_wait(daemon: RunningDaemon) -> Non
     logs = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "0")
     assert "[default0]:done: 30 steps" in logs.stdout
     assert all(line.startswith("[default0]:") for line in logs.stdout.splitlines())
+
+
+CHATTY = """\
+import os, pathlib, sys, time
+marker = pathlib.Path(sys.argv[1])
+if os.environ["RANK"] == "1":
+    for i in range(5):
+        print(f"rank one says {i}", flush=True)
+    marker.touch()
+else:  # rank 0 talks after rank 1 is done, well past torchrun's tee interval
+    while not marker.exists():
+        time.sleep(0.05)
+    time.sleep(1)
+    for i in range(50):
+        print(f"rank zero says {i}", flush=True)
+"""
+
+
+def test_logs_of_one_rank_tail_that_ranks_last_lines(daemon: RunningDaemon, tmp_path: Path) -> None:
+    """`--rank 1 --tail 3` is rank 1's last 3 lines, even when other ranks talked since."""
+    spec = script_spec(
+        tmp_path, CHATTY, name="chatty", launcher="torchrun", nproc=2, args=(str(tmp_path / "m"),)
+    )
+    run_id = launch(daemon, config=spec)
+    assert wait_for(daemon, run_id, {"succeeded", "failed"}).run.state.value == "succeeded"
+    logs = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "1", "--tail", "3")
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.splitlines() == [f"[default1]:rank one says {i}" for i in (2, 3, 4)]
+    everyone = gpuctl("--node", daemon.address, "logs", run_id, "--tail", "3").stdout
+    assert everyone.splitlines() == [f"[default0]:rank zero says {i}" for i in (47, 48, 49)]
 
 
 def test_two_daemons_run_one_two_node_job(daemons: Callable[..., RunningDaemon]) -> None:
