@@ -59,6 +59,31 @@ def test_one_node_two_processes_succeeds_with_wait(daemon: RunningDaemon) -> Non
     assert all(line.startswith("[default0]:") for line in logs.stdout.splitlines())
 
 
+@pytest.mark.parametrize(
+    ("simulate_gpus", "memory"),
+    [
+        (None, "no GPUs on this node"),
+        (2, "no GPU memory held by it (simulated GPUs: no NVML check)"),
+    ],
+)
+def test_the_end_of_run_check_says_what_it_checked(
+    daemons: Callable[..., RunningDaemon],
+    tmp_path: Path,
+    simulate_gpus: int | None,
+    memory: str,
+) -> None:
+    """A node without GPUs does not claim simulated ones in its "verified" event."""
+    daemon = daemons(simulate_gpus=simulate_gpus)
+    run_id = launch(daemon, config=script_spec(tmp_path, "print('hello')"))
+    wait_for(daemon, run_id, {"succeeded"})
+    deadline = time.monotonic() + 10
+    while not (verified := [e for e in status(daemon, run_id).events if e.kind == "verified"]):
+        assert time.monotonic() < deadline, "no verified event"
+        time.sleep(0.1)
+    (event,) = verified
+    assert event.message == f"no process of attempt 1 is left on node0; {memory}"
+
+
 CHATTY = """\
 import os, pathlib, sys, time
 marker = pathlib.Path(sys.argv[1])
