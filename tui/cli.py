@@ -51,7 +51,11 @@ def parser() -> argparse.ArgumentParser:
         help="YAML listing nodes with their pinned server keys (nodes: [{address, server_key}])",
     )
     p.add_argument("--readonly", action="store_true", help="no stop or resume")
-    p.add_argument("--run", metavar="RUN", help="open this run's screen first")
+    p.add_argument(
+        "--run",
+        metavar="RUN",
+        help="open this run's screen first: an id, an id prefix, or a name (its newest run)",
+    )
     p.add_argument("--web", action="store_true", help="serve the UI in a browser (textual-serve)")
     p.add_argument("--web-host", default="127.0.0.1", help="address to serve on [127.0.0.1]")
     p.add_argument(
