@@ -30,6 +30,7 @@ from gpud.protocol import (
 )
 from gpud.runmodel import RunState
 from launch.gpuctl.context import (
+    DEFAULT_NODE,
     EXIT_OK,
     EXIT_USAGE,
     Ctl,
@@ -65,8 +66,8 @@ def render_plan(plan: PartPlan, address: str) -> str:
 
 
 def _targets(ctl: Ctl, spec: RunSpec) -> list[NodeTarget]:
-    if not ctl.explicit_nodes and spec.nodes:
-        ctl.nodes = list(spec.nodes)
+    # `--wait` then finds the run on these nodes, not on every known one.
+    ctl.nodes = list(ctl.nodes or spec.nodes or [DEFAULT_NODE])
     return ctl.targets()
 
 
