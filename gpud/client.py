@@ -1,9 +1,11 @@
 """The one client of a gpud daemon: DEALER for requests, SUB for events, with timeouts.
 
 gpuctl and gputop both use it. A `NodeTarget` says where a daemon is and which server key
-is pinned for it; `Client` turns requests into typed replies and failures into two
-exception types a front end can map to exit codes: `Unreachable` (no answer, key refused,
-wrong pinned key) and `RequestFailed` (the daemon answered with an error).
+is pinned for it; `known_targets()` is the one list of nodes both use when not told which
+(every node of the known-nodes file). `Client` turns requests into typed replies and
+failures into two exception types a front end can map to exit codes: `Unreachable` (no
+answer, key refused, wrong pinned key) and `RequestFailed` (the daemon answered with an
+error).
 
 The socket monitor is what makes the failures precise: a CURVE handshake that the daemon
 rejects, or one that fails because the pinned key is wrong, is reported at once instead of
@@ -76,6 +78,10 @@ class ConfigError(ClientError):
     """The client's own set-up is wrong (no key known for a node, bad address)."""
 
 
+class UnknownNode(ConfigError):
+    """No server key is known for the address: this client has never seen that node."""
+
+
 class Unreachable(ClientError):
     """The node did not answer, or refused our key, or its key is not the pinned one."""
 
@@ -112,7 +118,7 @@ def resolve_target(address: str, known: KnownNodes | None = None) -> NodeTarget:
         raise ConfigError(str(exc)) from None
     entry = known.find(control)
     if entry is None:
-        raise ConfigError(
+        raise UnknownNode(
             f"no server key is known for {address}: a local daemon records itself when it "
             f"starts; for a remote one run `gpuctl keys trust {address} SERVER_KEY`"
         )
@@ -124,6 +130,34 @@ def resolve_target(address: str, known: KnownNodes | None = None) -> NodeTarget:
         events=entry.events,
         name=entry.name,
     )
+
+
+def known_targets(known: KnownNodes | None = None) -> list[NodeTarget]:
+    """Every node of the known-nodes file a client can talk to (its server key pinned, or
+    insecure), in the file's order: the nodes gpuctl and gputop talk to when not told which.
+
+    ConfigError, saying how to get one, when there is none.
+    """
+    try:
+        known = known if known is not None else load_known_nodes()
+    except AddressError as exc:
+        raise ConfigError(str(exc)) from None
+    targets = [
+        NodeTarget(
+            control=entry.control,
+            server_key=None if entry.insecure else (entry.server_key or "").encode("ascii"),
+            events=entry.events,
+            name=entry.name,
+        )
+        for entry in known.nodes
+        if entry.insecure or entry.server_key
+    ]
+    if not targets:
+        raise ConfigError(
+            "no nodes known yet: start a local daemon (`gpud serve` or `gpud demo`), "
+            "or pin a remote one with `gpuctl keys trust HOST:PORT SERVER_KEY`"
+        )
+    return targets
 
 
 def _configure_curve(sock: zmq.Socket[bytes], target: NodeTarget, keys: KeyPair | None) -> None:

@@ -274,7 +274,9 @@ class ListRequest(Message):
 class LogsRequest(RunRef):
     attempt: int | None = Field(None, ge=1, description="default: the latest")
     offset: int | None = Field(None, ge=0, description="byte offset to read from")
-    tail_lines: int | None = Field(None, ge=1, le=100_000)
+    tail_lines: int | None = Field(
+        None, ge=1, le=100_000, description="start at the last N lines (of `rank`, if given)"
+    )
     max_bytes: int = Field(256 * 1024, ge=1, le=4 * 1024 * 1024)
     rank: int | None = Field(None, ge=0, description="global rank to keep")
 

@@ -3,7 +3,8 @@
 A person writes these, so every model forbids unknown keys (a typo fails loudly, naming the
 key and the nearest valid one) and cross-field rules reject impossible combinations before
 anything starts. `load_spec()` turns a file plus `--set` overrides into a `RunSpec`, or a
-`SpecError` whose message names the file, the key path and what was expected.
+`SpecError` whose message names where the bad value came from (the file, or the `--set`
+override that set it), the key path and what was expected.
 
 Paths in a spec are resolved by gpuctl against the config file's directory (`workdir`,
 `deepspeed.config`; `checkpoint.dir` against the workdir), so what travels to the daemons
@@ -16,6 +17,9 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -440,6 +444,26 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+@dataclass(frozen=True)
+class SpecSource:
+    """Where a spec's values came from, so an error names what the user has to fix: the
+    file, or the `--set` override (or `--name`) that set the failing key or a parent of it."""
+
+    file: str
+    overrides: tuple[str, ...] = ()
+    name: str | None = None
+
+    def of(self, loc: Sequence[object]) -> str:
+        keys = [str(part) for part in loc]
+        if self.name is not None and keys[:1] == ["name"]:
+            return f"--name {shlex.quote(self.name)}"  # applied last: it wins
+        for text in reversed(self.overrides):  # a later override wins over an earlier one
+            path, _ = _split_override(text)
+            if keys[: len(path)] == path:
+                return f"--set {shlex.quote(text)}"
+        return self.file
+
+
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The valid keys at `loc` (for 'did you mean')."""
     current: Any = model
@@ -466,12 +490,15 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(current, "model_fields", {}))
 
 
-def describe_spec_error(exc: ValidationError, source: str) -> str:
-    """One line: `file: key.path: what was expected`, with a suggestion for typos."""
+def describe_spec_error(exc: ValidationError, source: str | SpecSource) -> str:
+    """One line: `file: key.path: what was expected`, with a suggestion for typos; `--set
+    key.path=value` instead of the file when an override set that key."""
     # A typo usually also makes a required key "missing": report the typo first.
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
     loc = tuple(first["loc"])
+    if isinstance(source, SpecSource):
+        source = source.of(loc)
     where = ".".join(str(p) for p in loc)
     if first["type"] == "extra_forbidden":
         known = _known_keys(RunSpec, loc)
@@ -489,19 +516,20 @@ def describe_spec_error(exc: ValidationError, source: str) -> str:
     return f"{source}: {where + ': ' if where else ''}{message}{more}"
 
 
-def parse_spec(data: Any, source: str = "spec") -> RunSpec:
+def parse_spec(data: Any, source: str | SpecSource = "spec") -> RunSpec:
     """Validate an already-loaded mapping."""
+    file = source.file if isinstance(source, SpecSource) else source
     if not isinstance(data, dict):
-        raise SpecError(f"{source}: a run spec is a mapping of key: value")
+        raise SpecError(f"{file}: a run spec is a mapping of key: value")
     try:
         return RunSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(describe_spec_error(exc, source)) from None
     except Exception as exc:  # a validator that failed in an unforeseen way: still one line
-        raise SpecError(f"{source}: cannot be validated ({type(exc).__name__})") from None
+        raise SpecError(f"{file}: cannot be validated ({type(exc).__name__})") from None
 
 
-def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
+def _resolve_paths(data: dict[str, Any], base: Path, source: SpecSource) -> dict[str, Any]:
     """Make `workdir` and `checkpoint.dir` absolute and inline `deepspeed.config`.
 
     `workdir` and `deepspeed.config` are relative to the spec file, `checkpoint.dir` to the
@@ -518,12 +546,13 @@ def _resolve_paths(data: dict[str, Any], base: Path, source: str) -> dict[str, A
     deepspeed = data.get("deepspeed")
     if isinstance(deepspeed, dict) and isinstance(deepspeed.get("config"), str):
         path = (base / deepspeed["config"]).resolve()
+        origin = source.of(("deepspeed", "config"))
         try:
             content = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise SpecError(f"{source}: deepspeed.config: cannot read {path}: {exc}") from None
+            raise SpecError(f"{origin}: deepspeed.config: cannot read {path}: {exc}") from None
         if not isinstance(content, dict):
-            raise SpecError(f"{source}: deepspeed.config: {path} must hold a JSON object")
+            raise SpecError(f"{origin}: deepspeed.config: {path} must hold a JSON object")
         deepspeed["config"] = content
     return data
 
@@ -538,8 +567,9 @@ def require_absolute_paths(spec: RunSpec, source: str = "spec") -> None:
             )
 
 
-def load_spec(path: Path, overrides: list[str] | None = None) -> RunSpec:
-    """Read, override, resolve and validate a YAML run spec."""
+def load_spec(path: Path, overrides: list[str] | None = None, name: str | None = None) -> RunSpec:
+    """Read, override (`--set key.path=value`, then `--name`), resolve and validate a YAML
+    run spec. An error names the override that set the bad value, else the file."""
     source = str(path)
     try:
         text = path.read_text()
@@ -557,8 +587,11 @@ def load_spec(path: Path, overrides: list[str] | None = None) -> RunSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a run spec is a mapping of key: value")
     data = apply_overrides(data, overrides or [])
-    data = _resolve_paths(data, path.resolve().parent, source)
-    return parse_spec(data, source)
+    if name is not None:
+        data["name"] = name
+    origins = SpecSource(source, tuple(overrides or ()), name)
+    data = _resolve_paths(data, path.resolve().parent, origins)
+    return parse_spec(data, origins)
 
 
 def spec_json_schema() -> dict[str, Any]:

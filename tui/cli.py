@@ -4,8 +4,8 @@
            [--web [--web-host 127.0.0.1] [--web-port 8000]]
 
 Without `--node` or `--cluster` it watches every node in the known-nodes file (a local
-daemon records itself there), else 127.0.0.1:7711. Bad input is one line on stderr and
-exit code 2, never a traceback.
+daemon records itself there): the same nodes gpuctl's verbs read. Bad input, or no node
+known, is one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="HOST:PORT",
-        help="a daemon to watch (repeatable) [every known node, else 127.0.0.1:7711]",
+        help="a daemon to watch (repeatable) [every known node]",
     )
     p.add_argument(
         "--cluster",
@@ -51,7 +51,11 @@ def parser() -> argparse.ArgumentParser:
         help="YAML listing nodes with their pinned server keys (nodes: [{address, server_key}])",
     )
     p.add_argument("--readonly", action="store_true", help="no stop or resume")
-    p.add_argument("--run", metavar="RUN", help="open this run's screen first")
+    p.add_argument(
+        "--run",
+        metavar="RUN",
+        help="open this run's screen first: an id, an id prefix, or a name (its newest run)",
+    )
     p.add_argument("--web", action="store_true", help="serve the UI in a browser (textual-serve)")
     p.add_argument("--web-host", default="127.0.0.1", help="address to serve on [127.0.0.1]")
     p.add_argument(

@@ -810,10 +810,13 @@ class Supervisor:
                 pids=leftovers,
             )
         holders: list[str] = []
-        checked = "simulated GPUs: no NVML check"
-        if self.hardware().backend == "nvml":
+        backend = self.hardware().backend
+        memory = "no GPU memory held by it (simulated GPUs: no NVML check)"
+        if backend == "none":
+            memory = "no GPUs on this node"
+        elif backend == "nvml":
             gpus = await self.sample_gpus()
-            checked = "NVML"
+            memory = "no GPU memory held by it (NVML)"
             for gpu in gpus:
                 for proc in gpu.processes or []:
                     if proc.pid in part.pids_seen or proc.pid in leftovers:
@@ -830,8 +833,7 @@ class Supervisor:
             self.book.event(
                 run,
                 "verified",
-                f"no process of attempt {part.record.attempt} is left on "
-                f"{self.node}; no GPU memory held by it ({checked})",
+                f"no process of attempt {part.record.attempt} is left on {self.node}; {memory}",
             )
 
 

@@ -1,5 +1,9 @@
 """What every gpuctl verb shares: the nodes to talk to, output mode, timeout, exit codes.
 
+Verbs that read (`nodes`, `hw`, `ps`, and every verb that finds a run by id or name) ask
+every known node unless `--node` is given, the same nodes gputop watches; `launch` goes to
+`--node`, else the spec's nodes, else the local daemon.
+
 Exit codes (documented in the README): 0 ok, 1 a request failed, 2 usage or config error,
 3 a node is unreachable or refused the key.
 """
@@ -10,12 +14,22 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import click
 
-from gpud.client import Client, ClientError, ConfigError, NodeTarget, RequestFailed, Unreachable
+from gpud.client import (
+    Client,
+    ClientError,
+    ConfigError,
+    NodeTarget,
+    RequestFailed,
+    UnknownNode,
+    Unreachable,
+    known_targets,
+)
 from gpud.client import resolve_target as resolve_node_target
+from gpud.endpoints import AddressError, parse_endpoint
 from gpud.known_nodes import load_known_nodes
 
 EXIT_OK = 0
@@ -67,49 +81,76 @@ class NodeResult(Generic[T]):
 class Ctl:
     """Parsed global options, handed to every verb."""
 
-    nodes: list[str]
-    explicit_nodes: bool
+    nodes: list[str]  # --node (or GPUD_NODES) as given; empty when not given
     json: bool
     timeout: float
 
     def targets(self) -> list[NodeTarget]:
-        """Resolve every --node; a bad or unknown one is a usage error (exit 2)."""
+        """Where a launch goes: each --node, else the local daemon; a bad or unknown one is
+        a usage error (exit 2)."""
         try:
             known = load_known_nodes()
         except ValueError as exc:
             fail(str(exc), EXIT_USAGE)
         targets = []
-        for address in self.nodes:
+        for address in self.nodes or [DEFAULT_NODE]:
             try:
                 targets.append(resolve_node_target(address, known))
             except ClientError as exc:
                 fail(str(exc), exit_code_for(exc))
         return targets
 
-    def on_each(
-        self, targets: Sequence[NodeTarget], action: Callable[[Client], T]
-    ) -> list[NodeResult[T]]:
-        """Run `action` against every node at once; per-node failures are kept, not raised."""
-
-        def one(target: NodeTarget) -> NodeResult[T]:
+    def every_node(self) -> list[NodeTarget | NodeResult[Any]]:
+        """The nodes a verb that reads asks: each --node, else every known node (the list
+        gputop watches). A --node address gpuctl knows no key for is a result with that
+        error, in its place; a malformed one, or no node known at all, exits 2."""
+        if not self.nodes:
             try:
-                with Client(target, timeout_s=self.timeout) as client:
-                    return NodeResult(target.label, value=action(client))
+                return list(known_targets())
+            except ConfigError as exc:
+                fail(str(exc), EXIT_USAGE)
+        try:
+            known = load_known_nodes()
+        except ValueError as exc:
+            fail(str(exc), EXIT_USAGE)
+        nodes: list[NodeTarget | NodeResult[Any]] = []
+        for address in self.nodes:
+            try:
+                label = parse_endpoint(address).removeprefix("tcp://")
+            except AddressError as exc:
+                fail(str(exc), EXIT_USAGE)
+            try:
+                nodes.append(resolve_node_target(address, known))
             except ClientError as exc:
-                return NodeResult(target.label, error=exc)
+                nodes.append(NodeResult(label, error=exc))
+        return nodes
 
-        if len(targets) == 1:
-            return [one(targets[0])]
-        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-            return list(pool.map(one, targets))
+    def on_every_node(self, action: Callable[[Client], T]) -> list[NodeResult[T]]:
+        """Run `action` against every node (`every_node`) at once, in that order; per-node
+        failures are kept, not raised."""
+
+        def one(node: NodeTarget | NodeResult[T]) -> NodeResult[T]:
+            if isinstance(node, NodeResult):
+                return node
+            try:
+                with Client(node, timeout_s=self.timeout) as client:
+                    return NodeResult(node.label, value=action(client))
+            except ClientError as exc:
+                return NodeResult(node.label, error=exc)
+
+        nodes = self.every_node()
+        if len(nodes) == 1:
+            return [one(nodes[0])]
+        with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+            return list(pool.map(one, nodes))
 
 
 def report_errors(results: Sequence[NodeResult[T]]) -> None:
     """One stderr line per node that failed."""
     for r in results:
         if r.error is not None:
-            # Unreachable errors name the address themselves.
-            where = "" if isinstance(r.error, Unreachable) else f"{r.address}: "
+            # These errors name the address themselves.
+            where = "" if isinstance(r.error, Unreachable | UnknownNode) else f"{r.address}: "
             click.echo(f"gpuctl: error: {where}{r.error}", err=True)
 
 

@@ -117,7 +117,7 @@ def render_report(
 @click.pass_obj
 def hw_command(ctl: Ctl, target_batch: int) -> None:
     """Hardware report (GPUs, CPU, RAM) and recommended training settings per node."""
-    results = ctl.on_each(ctl.targets(), _hw_and_runs)
+    results = ctl.on_every_node(_hw_and_runs)
     if ctl.json:
         nodes = []
         for r in results:

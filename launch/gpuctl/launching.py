@@ -30,6 +30,7 @@ from gpud.protocol import (
 )
 from gpud.runmodel import RunState
 from launch.gpuctl.context import (
+    DEFAULT_NODE,
     EXIT_OK,
     EXIT_USAGE,
     Ctl,
@@ -66,8 +67,8 @@ def render_plan(plan: PartPlan, address: str) -> str:
 
 
 def _targets(ctl: Ctl, spec: RunSpec) -> list[NodeTarget]:
-    if not ctl.explicit_nodes and spec.nodes:
-        ctl.nodes = list(spec.nodes)
+    # `--wait` then finds the run on these nodes, not on every known one.
+    ctl.nodes = list(ctl.nodes or spec.nodes or [DEFAULT_NODE])
     return ctl.targets()
 
 
@@ -144,7 +145,7 @@ def launch_command(
 ) -> None:
     """Launch the run described by CONFIG (a YAML run spec) on its nodes."""
     try:
-        spec = load_spec(config, [*overrides, *([f"name={name}"] if name else [])])
+        spec = load_spec(config, list(overrides), name)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
     targets = _targets(ctl, spec)

@@ -52,7 +52,8 @@ class LazyVerbs(click.Group):
     multiple=True,
     envvar="GPUD_NODES",
     metavar="HOST:PORT",
-    help=f"A daemon's control address; repeatable; env GPUD_NODES [{DEFAULT_NODE}].",
+    help="A daemon's control address; repeatable; env GPUD_NODES [every known node; "
+    f"launch: the spec's nodes, else {DEFAULT_NODE}].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -67,17 +68,14 @@ class LazyVerbs(click.Group):
 def cli(ctx: click.Context, nodes: tuple[str, ...], as_json: bool, timeout: float) -> None:
     """gpuctl: launch, inspect and control runs on gpud nodes.
 
+    Without --node, verbs that read ask every known node (as `gpuctl nodes` lists them);
+    launch goes to the spec's nodes, else the local daemon.
+
     \b
     Exit codes: 0 ok, 1 a request failed, 2 usage or config error,
                 3 a node is unreachable or refused the key.
     """
-    chosen = split_nodes(nodes)
-    ctx.obj = Ctl(
-        nodes=chosen or [DEFAULT_NODE],
-        explicit_nodes=bool(chosen),
-        json=as_json,
-        timeout=timeout,
-    )
+    ctx.obj = Ctl(nodes=split_nodes(nodes), json=as_json, timeout=timeout)
 
 
 @cli.command("schema")

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from gpud.known_nodes import load_known_nodes
+from gpud.client import UnknownNode
 from gpud.protocol import NodeInfo
-from launch.gpuctl.context import EXIT_USAGE, Ctl, fail, json_option, worst_exit_code
+from launch.gpuctl.context import Ctl, json_option, worst_exit_code
 from launch.gpuctl.output import emit_json, human_duration, table
 
 
@@ -18,21 +18,12 @@ from launch.gpuctl.output import emit_json, human_duration, table
 def nodes_command(ctl: Ctl) -> None:
     """Every node: reachable or not, its GPUs, daemon version and uptime.
 
-    Without --node (or GPUD_NODES) it lists every node in the known-nodes file.
+    Without --node (or GPUD_NODES) it lists every node in the known-nodes file, the nodes
+    the other verbs and gputop use. A node that does not answer is UNREACHABLE on its row,
+    one gpuctl has no key for is UNKNOWN (pin it with `gpuctl keys trust`); the exit code is
+    the worst row's (3 unreachable, 2 unknown).
     """
-    if not ctl.explicit_nodes:
-        try:
-            known = load_known_nodes()
-        except ValueError as exc:
-            fail(str(exc), EXIT_USAGE)
-        if not known.nodes:
-            fail(
-                "no nodes known yet: start a local daemon (`gpud serve` or `gpud demo`), "
-                "or pin a remote one with `gpuctl keys trust HOST:PORT SERVER_KEY`",
-                EXIT_USAGE,
-            )
-        ctl.nodes = [n.control for n in known.nodes]
-    results = ctl.on_each(ctl.targets(), lambda client: client.node_info())
+    results = ctl.on_every_node(lambda client: client.node_info())
     if ctl.json:
         emit_json(
             {
@@ -40,6 +31,7 @@ def nodes_command(ctl: Ctl) -> None:
                     {
                         "address": r.address,
                         "reachable": r.ok,
+                        "known": not isinstance(r.error, UnknownNode),
                         "error": str(r.error) if r.error else None,
                         "info": r.value,
                     }
@@ -52,7 +44,8 @@ def nodes_command(ctl: Ctl) -> None:
         for r in results:
             info: NodeInfo | None = r.value
             if info is None:
-                rows.append([r.address, "-", "UNREACHABLE", "-", "-", "-", "-", str(r.error)])
+                status = "UNKNOWN" if isinstance(r.error, UnknownNode) else "UNREACHABLE"
+                rows.append([r.address, "-", status, "-", "-", "-", "-", str(r.error)])
                 continue
             gpus = f"{info.gpu_count}" + (" (simulated)" if info.simulated else "")
             rows.append(

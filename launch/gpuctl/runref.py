@@ -34,7 +34,7 @@ class FoundRun:
 
 def find_run(ctl: Ctl, ref: str) -> FoundRun:
     """The run `ref` (id, or newest of that name) on the given nodes; exits when absent."""
-    results = ctl.on_each(ctl.targets(), lambda client: client.call(RUN_STATUS, RunRef(run=ref)))
+    results = ctl.on_every_node(lambda client: client.call(RUN_STATUS, RunRef(run=ref)))
     found = [r.value for r in results if isinstance(r.value, RunStatus)]
     if not found:
         errors = [r.error for r in results if r.error is not None]

@@ -60,14 +60,21 @@ def _shape(run: RunSummary) -> str:
     return f"{len(run.nodes)}x{procs}"
 
 
+def _where(run: RunSummary) -> str:
+    """Node 0 (the coordinator) by name, and how many other nodes: `gpu1+3`."""
+    first = run.nodes[0] if run.nodes else None
+    name = (first.name or first.control.removeprefix("tcp://")) if first else "?"
+    return name + (f"+{len(run.nodes) - 1}" if len(run.nodes) > 1 else "")
+
+
 @click.command("ps")
 @click.option("--active", is_flag=True, help="Only runs that have not ended.")
 @json_option
 @click.pass_obj
 def ps_command(ctl: Ctl, active: bool) -> None:
-    """Runs across the given nodes (newest first)."""
-    results = ctl.on_each(
-        ctl.targets(), lambda client: client.call(RUN_LIST, ListRequest(active_only=active))
+    """Runs across the nodes (newest first), one row per run; NODE is where it runs."""
+    results = ctl.on_every_node(
+        lambda client: client.call(RUN_LIST, ListRequest(active_only=active))
     )
     merged: dict[str, RunSummary] = {}
     gpus: dict[str, dict[int, list[int]]] = {}  # run → node rank → GPUs held there
@@ -94,6 +101,7 @@ def ps_command(ctl: Ctl, active: bool) -> None:
                 "-" if "loss" not in r.last_values else f"{r.last_values['loss']:.4f}",
                 str(r.attempt),
                 _age(r.created_at),
+                _where(r),
                 (r.reason or "")[:60],
             ]
             for r in runs
@@ -110,6 +118,7 @@ def ps_command(ctl: Ctl, active: bool) -> None:
                     "LOSS",
                     "ATTEMPT",
                     "AGE",
+                    "NODE",
                     "REASON",
                 ],
                 rows,
@@ -308,7 +317,11 @@ def resume_command(ctl: Ctl, run: str, wait: bool, queue: bool, checkpoint: str 
 @click.option("-f", "--follow", "follow_", is_flag=True, help="Keep printing new lines.")
 @click.option("--node", "node", help="Only this node: its rank (0, 1, ...) or HOST:PORT.")
 @click.option("--rank", type=click.IntRange(min=0), help="Only this global rank's lines.")
-@click.option("--tail", type=click.IntRange(min=1), help="Start with the last N lines.")
+@click.option(
+    "--tail",
+    type=click.IntRange(min=1),
+    help="Start with the last N lines (with --rank: that rank's last N lines).",
+)
 @click.option("--attempt", type=click.IntRange(min=1), help="An earlier attempt [latest].")
 @json_option
 @click.pass_obj

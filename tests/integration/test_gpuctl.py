@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
-from tests.support.runs import FAST, launch, wait_for
+from tests.support.runs import CPU_DDP, FAST, launch, script_spec, wait_for
 
 
 def test_two_daemons_on_one_machine_both_show_in_nodes(
@@ -68,6 +68,10 @@ def test_exit_codes(daemons: Callable[..., RunningDaemon], tmp_path: Path) -> No
         (["--node", "bad host:1", "nodes"], "expected HOST:PORT"),
         (["--node", f"127.0.0.1:{free_port()}", "hw"], "no server key is known"),
         (["hw", "--target-batch", "0"], "--target-batch"),
+        (
+            ["launch", str(CPU_DDP), "--set", "training.max_steps=abc"],
+            "error: --set training.max_steps=abc: training.max_steps: Input should be",
+        ),
         (["frobnicate"], "No such command"),
     ]:
         result = gpuctl(*args)
@@ -84,6 +88,61 @@ def test_exit_codes(daemons: Callable[..., RunningDaemon], tmp_path: Path) -> No
     assert nodes.returncode == 3
     (entry,) = json.loads(nodes.stdout)["nodes"]
     assert entry["reachable"] is False and "nothing is listening" in entry["error"]
+
+
+def test_a_node_gpuctl_has_never_seen_is_unknown_on_its_row(daemon: RunningDaemon) -> None:
+    stranger = "127.0.0.1:1"
+    result = gpuctl("--node", daemon.address, "--node", stranger, "nodes")
+    assert result.returncode == 2, (result.stdout, result.stderr)  # a config error: no key
+    assert result.stderr == ""
+    header, ours, theirs = result.stdout.splitlines()
+    assert header.split()[:3] == ["ADDRESS", "NODE", "STATUS"]
+    assert ours.split()[:3] == [daemon.address, "node0", "online"]
+    assert theirs.split()[:3] == [stranger, "-", "UNKNOWN"]
+    assert f"no server key is known for {stranger}" in theirs
+    assert f"gpuctl keys trust {stranger} SERVER_KEY" in theirs
+    alone = gpuctl("--node", stranger, "--json", "nodes")
+    assert alone.returncode == 2 and "Traceback" not in alone.stderr
+    (entry,) = json.loads(alone.stdout)["nodes"]
+    assert (entry["address"], entry["reachable"], entry["known"]) == (stranger, False, False)
+
+
+def test_verbs_that_read_ask_every_known_node_unless_told(
+    daemons: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    """hw, ps, status and logs read the nodes `gpuctl nodes` and gputop show."""
+    alpha, beta = daemons(node="alpha"), daemons(node="beta")
+    runs = {}
+    for daemon in (alpha, beta):
+        code = f"print('hello from {daemon.node}')"
+        spec = script_spec(tmp_path, code, name=f"on-{daemon.node}")
+        runs[daemon.node] = launch(daemon, config=spec)
+    for daemon in (alpha, beta):
+        wait_for(daemon, runs[daemon.node], {"succeeded"})
+
+    ps = gpuctl("ps")
+    assert ps.returncode == 0, ps.stderr
+    header, *rows = (line.split() for line in ps.stdout.splitlines())
+    where = {row[0]: row[header.index("NODE")] for row in rows}
+    assert where == {runs["alpha"]: "alpha", runs["beta"]: "beta"}
+    status = gpuctl("--json", "status", "on-beta")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["run"]["id"] == runs["beta"]
+    logs = gpuctl("logs", "on-beta")
+    assert logs.returncode == 0 and logs.stdout.strip() == "hello from beta", logs.stderr
+    hw = gpuctl("--json", "hw")
+    assert hw.returncode == 0, hw.stderr
+    assert {n["node"] for n in json.loads(hw.stdout)["nodes"]} == {"alpha", "beta"}
+    # --node narrows it.
+    only = gpuctl("--node", alpha.address, "--json", "ps")
+    assert [r["id"] for r in json.loads(only.stdout)["runs"]] == [runs["alpha"]]
+    # A known node that is down: the others still answer, and the exit code says so.
+    assert beta.stop() == 0
+    ps = gpuctl("--timeout", "2", "ps")
+    assert ps.returncode == 3 and runs["alpha"] in ps.stdout
+    assert f"nothing is listening at {beta.address}" in ps.stderr
+    status = gpuctl("--timeout", "2", "status", "on-alpha")
+    assert status.returncode == 0 and runs["alpha"] in status.stdout, status.stderr
 
 
 def test_remote_style_set_up_with_keys_authorize_and_trust(
@@ -107,8 +166,8 @@ def test_remote_style_set_up_with_keys_authorize_and_trust(
     laptop_key = out.strip()
     assert len(laptop_key) == 40
     # Not trusted yet: the laptop knows no key for the node.
-    code, _, err = on_laptop("--node", daemon.address, "nodes")
-    assert code == 2 and "gpuctl keys trust" in err
+    code, out, _ = on_laptop("--node", daemon.address, "nodes")
+    assert code == 2 and "UNKNOWN" in out and "gpuctl keys trust" in out
     # On the GPU box: authorize the laptop's key and print the server key.
     auth = gpuctl(
         "keys",

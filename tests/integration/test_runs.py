@@ -20,6 +20,7 @@ from tests.support.runs import (
     launch,
     nothing_left,
     ranks_of,
+    script_spec,
     status,
     wait_for,
     wait_for_step,
@@ -56,6 +57,61 @@ def test_one_node_two_processes_succeeds_with_wait(daemon: RunningDaemon) -> Non
     logs = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "0")
     assert "[default0]:done: 30 steps" in logs.stdout
     assert all(line.startswith("[default0]:") for line in logs.stdout.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("simulate_gpus", "memory"),
+    [
+        (None, "no GPUs on this node"),
+        (2, "no GPU memory held by it (simulated GPUs: no NVML check)"),
+    ],
+)
+def test_the_end_of_run_check_says_what_it_checked(
+    daemons: Callable[..., RunningDaemon],
+    tmp_path: Path,
+    simulate_gpus: int | None,
+    memory: str,
+) -> None:
+    """A node without GPUs does not claim simulated ones in its "verified" event."""
+    daemon = daemons(simulate_gpus=simulate_gpus)
+    run_id = launch(daemon, config=script_spec(tmp_path, "print('hello')"))
+    wait_for(daemon, run_id, {"succeeded"})
+    deadline = time.monotonic() + 10
+    while not (verified := [e for e in status(daemon, run_id).events if e.kind == "verified"]):
+        assert time.monotonic() < deadline, "no verified event"
+        time.sleep(0.1)
+    (event,) = verified
+    assert event.message == f"no process of attempt 1 is left on node0; {memory}"
+
+
+CHATTY = """\
+import os, pathlib, sys, time
+marker = pathlib.Path(sys.argv[1])
+if os.environ["RANK"] == "1":
+    for i in range(5):
+        print(f"rank one says {i}", flush=True)
+    marker.touch()
+else:  # rank 0 talks after rank 1 is done, well past torchrun's tee interval
+    while not marker.exists():
+        time.sleep(0.05)
+    time.sleep(1)
+    for i in range(50):
+        print(f"rank zero says {i}", flush=True)
+"""
+
+
+def test_logs_of_one_rank_tail_that_ranks_last_lines(daemon: RunningDaemon, tmp_path: Path) -> None:
+    """`--rank 1 --tail 3` is rank 1's last 3 lines, even when other ranks talked since."""
+    spec = script_spec(
+        tmp_path, CHATTY, name="chatty", launcher="torchrun", nproc=2, args=(str(tmp_path / "m"),)
+    )
+    run_id = launch(daemon, config=spec)
+    assert wait_for(daemon, run_id, {"succeeded", "failed"}).run.state.value == "succeeded"
+    logs = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "1", "--tail", "3")
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.splitlines() == [f"[default1]:rank one says {i}" for i in (2, 3, 4)]
+    everyone = gpuctl("--node", daemon.address, "logs", run_id, "--tail", "3").stdout
+    assert everyone.splitlines() == [f"[default0]:rank zero says {i}" for i in (47, 48, 49)]
 
 
 def test_two_daemons_run_one_two_node_job(daemons: Callable[..., RunningDaemon]) -> None:

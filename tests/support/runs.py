@@ -21,6 +21,26 @@ CPU_DDP = ROOT / "config" / "examples" / "cpu-ddp.yaml"
 FAST = "args=[--width, '128', --depth, '2', --log-every, '5']"
 
 
+def script_spec(
+    tmp_path: Path,
+    code: str,
+    *,
+    name: str = "script",
+    launcher: str = "python",
+    nproc: int = 1,
+    args: tuple[str, ...] = (),
+) -> Path:
+    """A run spec for a few lines of Python (no training): quick real runs for tests."""
+    (tmp_path / f"{name}.py").write_text(code)
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(
+        f"name: {name}\nlauncher: {launcher}\nnproc_per_node: {nproc}\nbackend: gloo\n"
+        f"workdir: {tmp_path}\nscript: {name}.py\nargs: {json.dumps(list(args))}\n"
+        "stop_grace_s: 2\n"
+    )
+    return spec
+
+
 def launch(
     daemon: RunningDaemon,
     *sets: str,

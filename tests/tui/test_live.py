@@ -6,6 +6,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from textual.widgets._toast import Toast
@@ -14,7 +15,7 @@ from gpud.client import Client
 from gpud.protocol import RunList
 from gpud.runmodel import RunState
 from tests.support.daemons import RunningDaemon
-from tests.support.runs import FAST, launch, wait_for
+from tests.support.runs import FAST, launch, script_spec, wait_for
 from tests.tui import scenes
 from tests.tui.screen import screen_text
 from tui.app import GpuTop
@@ -23,6 +24,7 @@ from tui.model.fleet import FleetModel
 from tui.model.runs import RunView
 from tui.model.targets import Target
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.run import RunScreen
 
 SHORT = ("training.max_steps=100000", FAST)
 
@@ -168,6 +170,32 @@ async def test_a_real_run_end_to_end_then_stop_and_resume_it_from_the_ui(
             assert "resumed @" in screen_text(app)
     finally:
         stop_quietly(daemon, run_id)
+
+
+@pytest.mark.asyncio
+async def test_run_by_name_opens_the_newest_run_of_that_name(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """`gputop --run NAME`: the app starts before any run is known, then finds it."""
+    spec = script_spec(tmp_path, "print('hello')", name="hello")
+    older = launch(daemon, config=spec)
+    wait_for(daemon, older, {"succeeded"})
+    newer = launch(daemon, config=spec)
+    wait_for(daemon, newer, {"succeeded"})
+    model, feed, _ = watch(daemon)
+    app = GpuTop(model, feed, start_run="hello", refresh_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+
+        def shown() -> bool:
+            screen = app.screen
+            return isinstance(screen, RunScreen) and screen.run_id == newer
+
+        await settle(pilot, shown, 20, f"the screen of {newer}")
+        await pilot.pause(0.5)
+        text = screen_text(app)
+        assert newer in text and "hello · succeeded" in text and "not known" not in text
+        screen = app.screen
+        assert isinstance(screen, RunScreen) and screen.selected_run() == newer  # `s`, `r`, `l`
 
 
 @pytest.mark.asyncio

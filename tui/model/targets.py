@@ -23,12 +23,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpud.client import ConfigError, NodeTarget, resolve_target
+from gpud.client import ConfigError, NodeTarget, known_targets, resolve_target
 from gpud.endpoints import DEFAULT_EVENTS_PORT, AddressError, canonical_endpoint, parse_endpoint
-from gpud.known_nodes import load_known_nodes
 from gpud.protocol import describe_validation_error
-
-DEFAULT_NODE = "127.0.0.1:7711"
 
 
 class TargetError(Exception):
@@ -91,21 +88,6 @@ def load_cluster(path: Path) -> list[Target]:
     return targets
 
 
-def known_targets() -> list[Target]:
-    """Every node in the known-nodes file, in the order it lists them."""
-    try:
-        known = load_known_nodes()
-    except AddressError as exc:
-        raise TargetError(str(exc)) from None
-    targets = []
-    for entry in known.nodes:
-        if not entry.insecure and not entry.server_key:
-            continue
-        key = None if entry.insecure else (entry.server_key or "").encode("ascii")
-        targets.append(Target(NodeTarget(entry.control, key, entry.events, entry.name)))
-    return targets
-
-
 def resolve_targets(addresses: list[str], cluster: Path | None) -> list[Target]:
     """The nodes to watch, without duplicates; TargetError on any bad input."""
     targets: list[Target] = load_cluster(cluster) if cluster is not None else []
@@ -114,13 +96,11 @@ def resolve_targets(addresses: list[str], cluster: Path | None) -> list[Target]:
             targets.append(Target(resolve_target(address)))
         except ConfigError as exc:
             raise TargetError(str(exc)) from None
-    if not targets:
-        targets = known_targets()
-    if not targets:
+    if not targets:  # every known node, as gpuctl's verbs read them
         try:
-            targets = [Target(resolve_target(DEFAULT_NODE))]
+            targets = [Target(node) for node in known_targets()]
         except ConfigError as exc:
-            raise TargetError(f"no node to watch: {exc}") from None
+            raise TargetError(str(exc)) from None
     unique: dict[str, Target] = {}
     for target in targets:
         unique.setdefault(canonical_endpoint(target.node.control), target)

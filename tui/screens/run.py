@@ -12,6 +12,7 @@ from textual.widgets import Footer
 
 from tui.messages import ShowLogs
 from tui.model.fleet import FleetModel
+from tui.model.runs import RunView
 from tui.screens.live import LiveScreen
 from tui.widgets.health_panel import HealthPanel
 from tui.widgets.log_tail import LogTail
@@ -30,6 +31,9 @@ class RunScreen(LiveScreen):
     ]
 
     def __init__(self, model: FleetModel, run_id: str) -> None:
+        """`run_id` may also be a run's name or an id prefix (`gputop --run NAME`): until the
+        model knows a run by that id, the screen takes the run the reference names once one
+        shows up (a name: its newest run), as `:run` does."""
         super().__init__(model)
         self.run_id = run_id
         self.metric = "loss"
@@ -58,6 +62,8 @@ class RunScreen(LiveScreen):
     def refresh_model(self) -> None:
         with self.model.lock:
             run = self.model.runs.get(self.run_id)
+            if run is None or not run.known:
+                run = self._resolve()
             readonly = getattr(self.app, "readonly", False)
             self.query_one(TitleBar).show(["Runs", self.run_id], readonly=readonly)
             if run is None:
@@ -71,6 +77,15 @@ class RunScreen(LiveScreen):
             self.query_one(HealthPanel).show(run)
             tail = self.query_one(LogTail)
             tail.show(run, max(1, tail.size.height))
+
+    def _resolve(self) -> RunView | None:
+        """Follow `run_id` as a name or prefix to a known run, if it names one now."""
+        found = self.model.find_run(self.run_id)
+        if found is not None and found != self.run_id:
+            self.model.unfocus(self.run_id)
+            self.model.focus(found)
+            self.run_id = found
+        return self.model.runs.get(self.run_id)
 
     def action_metric(self, delta: int) -> None:
         with self.model.lock:

@@ -150,6 +150,40 @@ def test_bad_configs_are_rejected_naming_file_and_key(
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("overrides", "name", "origin", "fragment"),
+    [
+        (["training.max_steps=abc"], None, "--set training.max_steps=abc", "training.max_steps:"),
+        # A parent key set by an override: the override is still what to fix.
+        (["training={max_steps: abc}"], None, "--set 'training={max_steps: abc}'", "max_steps"),
+        (["training.max_stepz=5"], None, "--set training.max_stepz=5", "did you mean"),
+        # The later of two overrides of the same key is the one that counts.
+        (["stop_grace_s=1", "stop_grace_s=-1"], None, "--set stop_grace_s=-1", "stop_grace_s:"),
+        (["deepspeed.config=nope.json"], None, "--set deepspeed.config=nope.json", "cannot read"),
+        ([], "has space", "--name 'has space'", "name: String should match pattern"),
+        (["name=has space"], None, "--set 'name=has space'", "name: String should match"),
+    ],
+)
+def test_an_error_in_an_override_names_the_override(
+    tmp_path: Path, overrides: list[str], name: str | None, origin: str, fragment: str
+) -> None:
+    path = write(tmp_path, MINIMAL)
+    with pytest.raises(SpecError) as err:
+        load_spec(path, overrides, name)
+    message = str(err.value)
+    assert message.startswith(f"{origin}: "), message
+    assert fragment in message and str(path) not in message, message
+
+
+def test_an_error_in_the_file_still_names_the_file_under_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "training:\n  max_steps: abc\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(path, ["training.lr=0.1", "stop_grace_s=2"], "fine")
+    assert str(err.value).startswith(f"{path}: training.max_steps: "), str(err.value)
+    # --name is a plain string, never YAML: a numeric name is a name.
+    assert load_spec(write(tmp_path, MINIMAL), [], "123").name == "123"
+
+
 def test_bad_table_is_big_enough() -> None:
     assert len(BAD_CONFIGS) >= 20
 

@@ -151,6 +151,29 @@ def test_log_chunks_tail_filter_and_never_split_lines(tmp_path: Path) -> None:
     assert final.lines == ["[default0]:partial"] and final.ended
 
 
+def test_a_rank_tail_is_that_ranks_last_lines_however_far_back(tmp_path: Path) -> None:
+    """`logs --rank 1 --tail 3`: the filter applies before the tail is cut."""
+    rank1 = [f"[default1]:early {i}" for i in range(5)]
+    chatter = [f"[default0]:{'x' * 100} {i}" for i in range(3000)]  # ~300 kB: many blocks
+    huge = "[default0]:" + "#" * 200_000  # one very long line
+    (tmp_path / "output.log").write_text("\n".join([*rank1, *chatter, huge, ""]))
+    run, attempt = _records(tmp_path, RunState.SUCCEEDED)
+    request = LogsRequest(run="r", tail_lines=3, max_bytes=4 * 1024 * 1024)
+    tail = read_chunk(run, attempt, "n", request, 1)
+    assert tail.lines == rank1[-3:]
+    assert (
+        read_chunk(run, attempt, "n", request.model_copy(update={"tail_lines": 50}), 1).lines
+        == rank1
+    )
+    assert read_chunk(run, attempt, "n", request, 0).lines[-1] == huge
+    assert read_chunk(run, attempt, "n", request, 2).lines == []
+    # While the attempt runs, an unfinished last line of the rank is held back.
+    with (tmp_path / "output.log").open("a") as f:
+        f.write("[default1]:late\n[default1]:unfinis")
+    run, running = _records(tmp_path, RunState.RUNNING)
+    assert read_chunk(run, running, "n", request, 1).lines == [*rank1[-2:], "[default1]:late"]
+
+
 def test_ports_skip_leased_and_bound_ones() -> None:
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
