@@ -73,6 +73,11 @@ def read_chunk(
     local_rank: int | None,
 ) -> LogChunk:
     path = os.path.join(record.attempt_dir, "output.log")
+    nobody = False
+    if local_rank is not None and run.spec.get("launcher") == "python":
+        # One process, no launcher to prefix its lines: every line is rank 0's.
+        nobody = local_rank != 0
+        local_rank = None
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -103,6 +108,8 @@ def read_chunk(
     lines = body.decode(errors="replace").splitlines()
     if local_rank is not None:
         lines = [line for line in lines if split_rank(line)[0] == local_rank]
+    if nobody:
+        lines = []
     return LogChunk(
         run_id=run.id,
         node=node,

@@ -197,6 +197,11 @@ def test_a_single_python_process_is_not_told_it_is_one_rank_of_many(
     env = process_env(run_id)
     assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} & set(env)
     wait_for_step(daemon, run_id, 20)  # it trains: it did not wait for peers
+    # Its lines carry no rank prefix: they are all rank 0's.
+    own = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "0", "--tail", "2")
+    assert own.stdout.count("iter ") == 2, own.stdout
+    none = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "1")
+    assert none.stdout == "", none.stdout
     force_stop(daemon, run_id)
     asked = single(daemon, tmp_path / "out2", "distributed_env=true")
     env = process_env(asked)
