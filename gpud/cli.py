@@ -68,6 +68,12 @@ def main() -> None:
     " gpud holding memory (for tests and demos of shared boxes; repeatable).",
 )
 @click.option(
+    "--simulate-xid-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="With --simulate-gpus: a test hook; each GPU:CODE line written to this file"
+    " becomes an XID on that simulated GPU.",
+)
+@click.option(
     "--insecure",
     envvar="GPUD_INSECURE",
     is_flag=True,

@@ -213,7 +213,13 @@ class Daemon:
             if s.simulate_gpus
             else None
         )
-        gpus = open_gpu_sampler(s.simulate_gpus, s.node_name, clock=self._clock, loads=loads)
+        gpus = open_gpu_sampler(
+            s.simulate_gpus,
+            s.node_name,
+            clock=self._clock,
+            loads=loads,
+            xid_file=s.simulate_xid_file,
+        )
         self._sampler = NodeSampler(s.node_name, gpus, HostSampler(), s.interval, self._clock)
         self._latest = self._sampler.sample()
         self._start_runs()

@@ -48,6 +48,11 @@ class ServeSettings(BaseModel):
         default_factory=list,
         description="GPU:PID: a process outside gpud on a simulated GPU (needs simulate_gpus)",
     )
+    simulate_xid_file: Path | None = Field(
+        None,
+        description="test hook (needs simulate_gpus): each GPU:CODE line written to this file"
+        " becomes an XID on that simulated GPU at the next sample",
+    )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")
 
@@ -104,6 +109,8 @@ class ServeSettings(BaseModel):
                 )
         if self.control == self.events:
             raise ValueError("control and events need different addresses")
+        if self.simulate_xid_file is not None and not self.simulate_gpus:
+            raise ValueError("--simulate-xid-file needs --simulate-gpus")
         if self.simulate_foreign:
             beyond = [g for g in self.foreign_processes() if g >= (self.simulate_gpus or 0)]
             if not self.simulate_gpus or beyond:

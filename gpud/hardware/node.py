@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gpud.hardware.base import GpuSampler, NoGpuSampler
 from gpud.hardware.host import HostSampler
@@ -19,10 +20,11 @@ def open_gpu_sampler(
     node: str,
     clock: Callable[[], float] = time.time,
     loads: LoadSource | None = None,
+    xid_file: Path | None = None,
 ) -> GpuSampler:
     """Simulated GPUs when asked for; else NVML; else (no driver, no GPUs) none at all."""
     if simulate_gpus:
-        return SimulatedSampler(simulate_gpus, node, clock=clock, loads=loads)
+        return SimulatedSampler(simulate_gpus, node, clock=clock, loads=loads, xid_file=xid_file)
     from gpud.hardware.nvml import NvmlSampler, NvmlUnavailable
 
     try:

@@ -13,6 +13,7 @@ import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpud.hardware.base import GpuSystemInfo
 from gpud.hardware.xid import XidTracker
@@ -74,6 +75,7 @@ class SimulatedSampler:
         clock: Callable[[], float] = time.time,
         model: SimulatedModel | None = None,
         loads: LoadSource | None = None,
+        xid_file: Path | None = None,
     ) -> None:
         if count < 1:
             raise ValueError("--simulate-gpus needs at least 1 GPU")
@@ -84,6 +86,7 @@ class SimulatedSampler:
         # Node-specific identity, so two simulated daemons never share GPU uuids.
         self._node_tag = zlib.crc32(node.encode()) & 0xFFFFFFFF
         self.xids = XidTracker(count, clock)
+        self._xid_file = xid_file
 
     def system_info(self) -> GpuSystemInfo:
         return GpuSystemInfo(
@@ -99,7 +102,25 @@ class SimulatedSampler:
     def close(self) -> None:
         return None
 
+    def _inject_xids(self) -> None:
+        """The test hook: GPU:CODE lines in the file become XIDs, once (it is emptied)."""
+        path = self._xid_file
+        if path is None:
+            return
+        try:
+            text = path.read_text()
+            if not text:
+                return
+            path.write_text("")
+        except OSError:
+            return
+        for line in text.split():
+            gpu, _, code = line.partition(":")
+            if gpu.isdigit() and code.isdigit() and int(gpu) < self._count:
+                self.xids.record(int(gpu), int(code))
+
     def sample(self) -> list[GpuSample]:
+        self._inject_xids()
         now = self._clock()
         loads = self._loads() if self._loads else {}
         return [self._sample_one(i, now, loads.get(i, ())) for i in range(self._count)]

@@ -197,11 +197,12 @@ def _chained(line: str) -> bool:
 
 def last_lines(text: str, local_rank: int | None = None, count: int = CONTEXT_LINES) -> list[str]:
     """The last lines of the log (of one local rank, when given)."""
-    lines = [
-        raw
-        for raw in text.splitlines()
-        if raw.strip() and (local_rank is None or split_rank(raw)[0] == local_rank)
-    ]
+    lines = []
+    for raw in text.splitlines():
+        local, body = split_rank(raw)
+        # torchrun's summary numbers its entries "[0]:", which reads like a rank prefix.
+        if body.strip() and (local_rank is None or local == local_rank):
+            lines.append(raw)
     return lines[-count:]
 
 

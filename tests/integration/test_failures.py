@@ -8,6 +8,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gpud.runmodel import CauseKind, RunState
@@ -18,6 +19,7 @@ from tests.support.runs import (
     ROOT,
     assert_no_gap,
     force_stop,
+    kill_rank,
     launch,
     nothing_left,
     status,
@@ -258,3 +260,29 @@ def test_require_checkpoint_refuses_a_resume_without_one(
     assert status(daemon, run_id).run.state is RunState.STOPPED  # nothing started
     bad = gpuctl("--node", daemon.address, "resume", run_id, "--from", str(tmp_path / "nope"))
     assert bad.returncode != 0 and "no such file" in bad.stderr, bad.stderr
+
+
+def test_an_xid_on_the_runs_gpu_just_before_it_failed_makes_it_a_hardware_failure(
+    daemons: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    xids = tmp_path / "xids"
+    daemon = daemons(extra=("--simulate-xid-file", str(xids)))
+    other = launch(daemon, FAST, "training.max_steps=100000", "gpus=[0, 1]")
+    run_id = launch(daemon, FAST, "training.max_steps=100000", "gpus=[2, 3]")
+    wait_for_step(daemon, run_id, 3)
+    xids.write_text("3:79\n")  # the driver reports GPU 3 fell off the bus
+    deadline = time.monotonic() + 10
+    while xids.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # a sample or two later, the XID is in the node's snapshot
+    kill_rank(run_id, 1)  # what a rank on a lost GPU does: it dies
+    s = wait_for(daemon, run_id, {"failed"}, timeout=60)
+    cause = s.run.cause
+    assert cause is not None and cause.kind is CauseKind.HARDWARE, cause
+    assert cause.summary.startswith("XID 79 on GPU 3 (GPU has fallen off the bus), ")
+    assert cause.lines[0] == "the ranks saw: killed by SIGKILL"
+    assert "(hardware, step " in (s.run.reason or "")
+    # The run on GPUs 0-1 saw nothing of it and trains on.
+    assert status(daemon, other).run.state is RunState.RUNNING
+    force_stop(daemon, other)
+    nothing_left(run_id)

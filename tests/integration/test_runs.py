@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpud.runmodel import CauseKind
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     CPU_DDP,
@@ -201,7 +202,9 @@ def test_killed_rank_fails_the_run_on_both_nodes(daemons: Callable[..., RunningD
     s1 = wait_for(node1, run_id, {"failed", "stopped"}, timeout=60)
     took = time.monotonic() - killed_at
     assert took < 30, f"failure took {took:.1f}s to settle"
-    assert "node" in (s0.run.reason or "") and "failed" in (s0.run.reason or "")
+    # The cause is the killed rank, named with its node, not its peers' connection errors.
+    assert (s0.run.reason or "").startswith("rank 3 on node n1: killed by SIGKILL (signal, ")
+    assert s0.run.cause is not None and s0.run.cause.kind is CauseKind.SIGNAL
     assert s1.run.state.value in ("failed", "stopped")
     nothing_left(run_id)
 
