@@ -12,18 +12,9 @@ import pytest
 from gpud.runmodel import CauseKind, ExitInfo
 from gpud.runs.causes import find_cause, hardware_cause, kind_of, last_traceback, oom_kills
 from gpud.snapshot import GpuSample, XidRecord, XidSummary
+from tests.support.logs import TORCHRUN_FAILURE
 
-SIGKILLED = """\
-[default0]:step 10 loss 1.0
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-21_23:17:29
-  host      : localhost
-  rank      : 3 (local_rank: 1)
-  exitcode  : -9 (pid: 10402)  (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 10402
-"""
+SIGKILLED = TORCHRUN_FAILURE
 
 TRACEBACK = """\
 [default1]:step 3 loss 0.5

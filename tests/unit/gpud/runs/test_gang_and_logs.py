@@ -13,6 +13,7 @@ from gpud.runs.decide import gang_state
 from gpud.runs.logparse import MetricExtractor, classify, root_cause, split_rank
 from gpud.runs.logread import read_chunk
 from gpud.runs.ports import NoFreePort, pick_port
+from tests.support.logs import TORCHRUN_FAILURE
 
 P, S, R, X, OK, F, STOP = (
     RunState.PENDING,
@@ -45,19 +46,6 @@ P, S, R, X, OK, F, STOP = (
 )
 def test_gang_state(parts: list[RunState | None], user_stop: bool, expected: RunState) -> None:
     assert gang_state(parts, user_stop) is expected
-
-
-TORCHRUN_FAILURE = """\
-[default0]:step 10 loss 1.0
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-21_23:17:29
-  host      : localhost
-  rank      : 3 (local_rank: 1)
-  exitcode  : -9 (pid: 10402)  (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 10402
-"""
 
 
 def test_root_cause_names_the_first_failed_rank() -> None:
