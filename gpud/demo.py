@@ -14,6 +14,7 @@ and how to look at it, and exits. Running the demo twice is harmless.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -124,6 +125,27 @@ def launch_demo_run(address: str, config: Path, sets: tuple[str, ...] = ()) -> s
     return str(json.loads(result.stdout)["run"]["id"])
 
 
+def command(name: str) -> str:
+    """How to type one of our commands here: its bare name when PATH finds this install's
+    (an activated venv), else its path (`.venv/bin/gpuctl`), so every hint works as printed."""
+    mine = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if found is not None and Path(found).resolve() == mine.resolve():
+        return name
+    try:
+        return str(mine.relative_to(Path.cwd()))
+    except ValueError:
+        return str(mine)
+
+
+def _still_going(address: str, run_id: str) -> bool:
+    try:
+        with Client(resolve_target(address), timeout_s=5.0) as client:
+            return not client.run_status(run_id).run.state.terminal
+    except ClientError:
+        return True  # cannot tell: say what is most likely
+
+
 def gputop_argv(address: str, run_id: str) -> list[str]:
     return [sys.executable, "-m", "tui", "--node", address, "--run", run_id]
 
@@ -156,22 +178,28 @@ def run_demo(
     else:
         click.echo(f"The demo run {run_id} is still going; showing it.")
     gputop = gputop_argv(address, run_id)
+    top, ctl, gpud = command("gputop"), command("gpuctl"), command("gpud")
     if not open_tui:
         click.echo("")
-        click.echo(f"  watch it:        gputop --node {address} --run {run_id}")
-        click.echo(f"  or, plain text:  gpuctl --node {address} status {run_id}")
-        click.echo(f"  its logs:        gpuctl --node {address} logs {run_id} -f")
-        click.echo(f"  stop / resume:   gpuctl --node {address} stop|resume {run_id}")
+        click.echo(f"  watch it:        {top} --node {address} --run {run_id}")
+        click.echo(f"  or, plain text:  {ctl} --node {address} status {run_id}")
+        click.echo(f"  its logs:        {ctl} --node {address} logs {run_id} -f")
+        click.echo(f"  stop / resume:   {ctl} --node {address} stop|resume {run_id}")
         click.echo(f"  the daemon:      {state_dir}/gpud.log")
-        click.echo(f"  stop everything: gpud stop --state-dir {state_dir} --runs")
+        click.echo(f"  stop everything: {gpud} stop --state-dir {state_dir} --runs")
         click.echo("                   (without --runs, runs keep going under their shims)")
         return
     click.echo("Opening gputop: ? for help, s/r stop and resume the run, q quits.")
     sys.stdout.flush()
     # gputop in its own process (gpud never imports Textual), in this terminal.
     code = subprocess.run(gputop, check=False).returncode
-    click.echo(f"The daemon and {run_id} keep going: `gputop --node {address}` to look again,")
-    click.echo("`gpuctl ps` for a list, `gpud stop --runs` to stop the runs and the daemon")
-    click.echo("(a plain `gpud stop` leaves the runs going; the next gpud adopts them again).")
+    going = (
+        f"The daemon and {run_id} keep going"
+        if _still_going(address, run_id)
+        else (f"{run_id} has ended; the daemon keeps going")
+    )
+    click.echo(f"{going}: `{top} --node {address}` to look again, `{ctl} --node {address} ps`")
+    click.echo(f"for a list, `{gpud} stop --state-dir {state_dir} --runs` to stop the runs and")
+    click.echo("the daemon (a plain `gpud stop` leaves runs going; the next gpud adopts them).")
     if code not in (0, None):
         sys.exit(code)

@@ -4,6 +4,7 @@ a terminal, where it prints where everything is instead of opening gputop."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -33,6 +34,15 @@ def test_demo_without_a_terminal_starts_everything_and_says_where(
         assert "Started gpud" in out and "Launched cpu-ddp-" in out
         run_id = out.split("Launched ", 1)[1].split(":", 1)[0]
         assert f"gputop --node {address} --run {run_id}" in out
+        # Every hint runs as printed: an activated venv's bare name, else its path.
+        hints = {
+            label.strip(): words.split()[0]
+            for label, _, words in (line.partition(":") for line in out.splitlines())
+            if label.startswith("  ") and words.strip() and label.strip() != "the daemon"
+        }
+        assert len(hints) == 5, out
+        for label, program in hints.items():
+            assert shutil.which(program) or Path(program).is_file(), (label, program, out)
         with Client(resolve_target(address)) as client:
             assert client.run_status(run_id).run.state.value in ("starting", "running")
         # A second demo reuses the daemon and the run.
