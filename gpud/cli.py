@@ -74,6 +74,30 @@ def main() -> None:
     " becomes an XID on that simulated GPU.",
 )
 @click.option(
+    "--metrics",
+    envvar="GPUD_METRICS_ADDR",
+    metavar="HOST:PORT",
+    help="Serve Prometheus /metrics there (dcgm-exporter's GPU names, and runs) [off].",
+)
+@click.option(
+    "--metrics-tls-cert",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="TLS certificate for /metrics.",
+)
+@click.option(
+    "--metrics-tls-key", type=click.Path(path_type=Path, dir_okay=False), help="Its private key."
+)
+@click.option(
+    "--metrics-client-ca",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Only clients with a certificate this CA signed may scrape.",
+)
+@click.option(
+    "--metrics-insecure",
+    is_flag=True,
+    help="Plain HTTP /metrics on a non-loopback address (refused otherwise).",
+)
+@click.option(
     "--insecure",
     envvar="GPUD_INSECURE",
     is_flag=True,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic
@@ -141,6 +142,7 @@ class ControlServer:
         self._drain = SocketDrain(sock, self.handle, BATCH)
         self._tasks: set[asyncio.Task[None]] = set()
         self.served = 0
+        self.served_by: Counter[str] = Counter()  # replies, by method (for /metrics)
 
     async def serve(self) -> None:
         await self._drain.serve()
@@ -217,6 +219,7 @@ class ControlServer:
 
     def _finish(self, req: _Accepted, outcome: BaseModel | Exception) -> None:
         name = req.method.name
+        self.served_by[name] += 1
         if isinstance(outcome, ProtocolError):
             reply = encode_error(req.id, outcome.code, outcome.message)
             ok, detail = False, outcome.message

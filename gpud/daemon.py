@@ -51,6 +51,8 @@ from gpud.keys import (
     server_key_dir,
 )
 from gpud.known_nodes import KnownNode, remember_node
+from gpud.prometheus import endpoint as metrics_endpoint
+from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
 from gpud.protocol import (
     NODE_EVENTS,
     NODE_EVENTS_ACK,
@@ -151,6 +153,9 @@ class Daemon:
         self._keys: KeyPair | None = None
         self._ingest: Ingest | None = None
         self._supervisor: Supervisor | None = None
+        self._metrics_sock: socket.socket | None = None
+        self._process = DaemonProcess()
+        self._control: ControlServer | None = None
 
     # ------------------------------------------------------------------ start-up
 
@@ -201,6 +206,11 @@ class Daemon:
         configure_pub(self._events_sock)
         _bind(self._control_sock, s.control, "--control")
         _bind(self._events_sock, s.events, "--events")
+        if s.metrics is not None:
+            try:
+                self._metrics_sock = metrics_endpoint.bind(s.metrics)
+            except OSError as exc:
+                raise StartupError(f"cannot serve --metrics {s.metrics}: {exc.strerror}") from None
         authorized = self._authorizer.authorized if self._authorizer else None
         control_guard = ConnectionGuard(self._control_sock, self._ctx, "control", CONTROL_LIMITS)
         events_guard = ConnectionGuard(
@@ -423,9 +433,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
         control_guard, _ = self._guards
-        control = ControlServer(
+        control = self._control = ControlServer(
             self._control_sock, self.registry(), self._audit, self._authorizer, control_guard
         )
+        metrics = await self._start_metrics()
         assert self._supervisor is not None and self._ingest is not None
         assert self._publisher is not None
         tasks = [
@@ -444,8 +455,34 @@ class Daemon:
         for task in done:
             if task is not stop and not task.cancelled() and task.exception():
                 raise task.exception()  # type: ignore[misc]
+        if metrics is not None:
+            await metrics.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+    async def _start_metrics(self) -> metrics_endpoint.MetricsEndpoint | None:
+        s = self.settings
+        if self._metrics_sock is None or self._supervisor is None:
+            return None
+        tls = None
+        if s.metrics_tls_cert is not None and s.metrics_tls_key is not None:
+            tls = metrics_endpoint.TlsFiles(
+                s.metrics_tls_cert, s.metrics_tls_key, s.metrics_client_ca
+            )
+        source = ScrapeSource(self._supervisor, self._snapshot, self._daemon_stats)
+        endpoint = metrics_endpoint.MetricsEndpoint(self._metrics_sock, source, tls)
+        await endpoint.start()
+        return endpoint
+
+    def _daemon_stats(self) -> DaemonStats:
+        cpu, rss = self._process.usage()
+        control = self._control
+        return DaemonStats(
+            cpu_seconds=cpu,
+            rss_bytes=rss,
+            clients=sum(len(g.connections) for g in self._guards),
+            requests=dict(control.served_by) if control is not None else {},
+        )
 
     def request_stop(self, sig: int | None = None) -> None:
         if sig is not None:
@@ -468,6 +505,9 @@ class Daemon:
         for sock in (self._control_sock, self._events_sock):
             if sock is not None and not sock.closed:
                 sock.close(linger=0)
+        if self._metrics_sock is not None:
+            self._metrics_sock.close()
+            self._metrics_sock = None
         if self._auth is not None:
             self._auth.stop()
             self._auth = None

@@ -53,6 +53,17 @@ class ServeSettings(BaseModel):
         description="test hook (needs simulate_gpus): each GPU:CODE line written to this file"
         " becomes an XID on that simulated GPU at the next sample",
     )
+    metrics: str | None = Field(
+        None, description="HOST:PORT to serve Prometheus /metrics on (off unless set)"
+    )
+    metrics_tls_cert: Path | None = Field(None, description="TLS certificate for /metrics")
+    metrics_tls_key: Path | None = Field(None, description="its private key")
+    metrics_client_ca: Path | None = Field(
+        None, description="CA whose client certificates may scrape (mutual TLS)"
+    )
+    metrics_insecure: bool = Field(
+        False, description="serve /metrics in plain HTTP on a non-loopback address"
+    )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")
 
@@ -72,6 +83,35 @@ class ServeSettings(BaseModel):
             if not (gpu.isdigit() and pid.isdigit()):
                 raise ValueError(f"{item!r}: expected GPU:PID, e.g. 2:1234")
         return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            endpoint = parse_endpoint(value.removeprefix("http://"), default_port=9400)
+        except AddressError as exc:
+            raise ValueError(str(exc)) from None
+        if not endpoint.startswith("tcp://"):
+            raise ValueError(f"{value!r}: expected HOST:PORT, e.g. 127.0.0.1:9400")
+        return endpoint.removeprefix("tcp://")
+
+    def _check_metrics(self) -> None:
+        if self.metrics is None:
+            return
+        tls = (self.metrics_tls_cert, self.metrics_tls_key)
+        if any(tls) and not all(tls):
+            raise ValueError("--metrics-tls-cert and --metrics-tls-key go together")
+        if self.metrics_client_ca is not None and not all(tls):
+            raise ValueError("--metrics-client-ca needs --metrics-tls-cert and --metrics-tls-key")
+        secured = all(tls) and self.metrics_client_ca is not None
+        if not is_loopback(f"tcp://{self.metrics}") and not secured and not self.metrics_insecure:
+            raise ValueError(
+                f"--metrics {self.metrics} is not a loopback address, and /metrics names runs"
+                " and hosts: give --metrics-tls-cert, --metrics-tls-key and"
+                " --metrics-client-ca, or --metrics-insecure to serve it in the clear"
+            )
 
     def foreign_processes(self) -> dict[int, list[int]]:
         """simulate_foreign as GPU index → pids."""
@@ -109,6 +149,7 @@ class ServeSettings(BaseModel):
                 )
         if self.control == self.events:
             raise ValueError("control and events need different addresses")
+        self._check_metrics()
         if self.simulate_xid_file is not None and not self.simulate_gpus:
             raise ValueError("--simulate-xid-file needs --simulate-gpus")
         if self.simulate_foreign:

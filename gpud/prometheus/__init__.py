@@ -1,0 +1,1 @@
+"""The Prometheus endpoint of `gpud serve --metrics` (issue 11)."""

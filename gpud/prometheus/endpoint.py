@@ -1,0 +1,137 @@
+"""`/metrics` over HTTP(S), served on the daemon's own event loop.
+
+On the loop, so every scrape reads one consistent state without locks: the latest
+snapshot, the runs, their health. The HTTP side is deliberately small — one request per
+connection, GET /metrics only — with a cap on concurrent connections, a deadline for the
+request head and a size limit, so a bad client costs nothing. TLS, and client
+certificates, come from the standard `ssl` module, as prometheus-client's own server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from prometheus_client.core import Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+log = logging.getLogger("gpud.prometheus")
+
+#: Requests may not take longer than this to send their head, nor be larger.
+HEAD_TIMEOUT_S = 5.0
+HEAD_LIMIT = 8 * 1024
+#: Scrapers at once; more are turned away at once (Prometheus scrapes one at a time).
+MAX_CONNECTIONS = 16
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None  # when set, a client must present a certificate it signed
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        if self.client_ca is not None:
+            context.load_verify_locations(self.client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+
+def bind(address: str) -> socket.socket:
+    """A listening socket for HOST:PORT (raises OSError: in use, not ours to bind...)."""
+    parts = urlsplit(f"tcp://{address}")
+    host, port = parts.hostname or "127.0.0.1", parts.port or 9400
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=64)
+    sock.setblocking(False)
+    return sock
+
+
+class _Families(Collector):
+    def __init__(self, source: Callable[[], Iterable[Metric]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        return self._source()
+
+
+class MetricsEndpoint:
+    """Serves what `source` yields, freshly built for every scrape."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        source: Callable[[], Iterable[Metric]],
+        tls: TlsFiles | None,
+    ) -> None:
+        self._sock = sock
+        self.host, self.port = sock.getsockname()[:2]
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_Families(source))
+        self._ssl = tls.context() if tls is not None else None
+        self._open = 0
+        self._server: asyncio.Server | None = None
+        self.scrapes = 0
+
+    def render(self) -> bytes:
+        return generate_latest(self._registry)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, sock=self._sock, ssl=self._ssl, limit=HEAD_LIMIT
+        )
+        log.info("metrics on %s://%s:%d/metrics", "https" if self._ssl else "http",
+                 self.host, self.port)  # fmt: skip
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            writer.close()
+            return
+        self._open += 1
+        try:
+            status, body, kind = await self._answer(reader)
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + body)
+            await asyncio.wait_for(writer.drain(), HEAD_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError):
+            pass  # the client went away or stalled: its loss
+        finally:
+            self._open -= 1
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> tuple[str, bytes, str]:
+        text = "text/plain; charset=utf-8"
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        except asyncio.LimitOverrunError:
+            return "431 Request Header Fields Too Large", b"request head too large\n", text
+        except asyncio.IncompleteReadError:
+            return "400 Bad Request", b"incomplete request\n", text
+        parts = head.split(b"\r\n", 1)[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return "400 Bad Request", b"not an HTTP request\n", text
+        method, target = parts[0], parts[1].split(b"?", 1)[0]
+        if target != b"/metrics":
+            return "404 Not Found", b"gpud serves /metrics only\n", text
+        if method != b"GET":
+            return "405 Method Not Allowed", b"GET /metrics\n", text
+        self.scrapes += 1
+        # The classic text format (every Prometheus reads it; our names need nothing newer).
+        return "200 OK", self.render(), CONTENT_TYPE_PLAIN_0_0_4

@@ -1,0 +1,312 @@
+"""What `/metrics` says: GPU series under dcgm-exporter's names and labels, plus what
+dcgm-exporter cannot say — the run and rank on each GPU — and gpud's own run, host and
+daemon series. Pure: records in, prometheus-client metric families out.
+
+Names, units and scales follow dcgm-exporter's counters (`etc/default-counters.csv` and
+the DCGM field reference): memory in MiB, clocks in MHz, power in W, the profiling fields
+(`DCGM_FI_PROF_*`) as ratios from 0 to 1, NVLink and PCIe traffic in bytes per second. A
+field the GPU does not offer (None in the sample) is absent, never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpud.protocol import RunSummary
+from gpud.runmodel import HealthSummary, RunState
+from gpud.snapshot import GpuSample, HostSample, NodeSnapshot
+
+MIB = 1024 * 1024
+#: dcgm-exporter's labels, in its order; then ours.
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+JOB_LABELS = ("run", "rank", "simulated")
+#: At most this many metric names per run: a trainer logging a new name per step must not
+#: grow every scrape without bound.
+MAX_RUN_METRICS = 32
+VERDICTS = ("ok", "degraded", "stalled", "failed", "idle")
+
+
+@dataclass(frozen=True)
+class GpuField:
+    name: str
+    help: str
+    value: Callable[[GpuSample], float | None]
+    #: A gpud counter (exposed as NAME_total). dcgm-exporter's own names stay exactly as
+    #: they are, so their cumulative fields are gauges here (prometheus-client would add
+    #: `_total` to a counter's name, and break every dashboard that knows the name).
+    counter: bool = False
+
+
+def _ratio(pct: float | None) -> float | None:
+    return None if pct is None else pct / 100.0
+
+
+def _mib(n: int | None) -> float | None:
+    return None if n is None else n / MIB
+
+
+def _free(g: GpuSample) -> float | None:
+    if g.memory_total_bytes is None or g.memory_used_bytes is None:
+        return None
+    return (g.memory_total_bytes - g.memory_used_bytes) / MIB
+
+
+def _links(g: GpuSample, pick: Callable[..., float | int | None]) -> float | None:
+    if not g.nvlinks:
+        return None
+    values = [v for link in g.nvlinks if (v := pick(link)) is not None]
+    return float(sum(values)) if values else None
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _last_xid(g: GpuSample) -> float:
+    return float(g.xid.recent[-1].code) if g.xid.recent else 0.0
+
+
+FIELDS: tuple[GpuField, ...] = (
+    GpuField("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.utilization_gpu_pct),
+    GpuField(
+        "DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).",
+        lambda g: g.utilization_memory_pct,
+    ),
+    GpuField("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
+             lambda g: _mib(g.memory_used_bytes)),
+    GpuField("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _free),
+    GpuField("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).",
+             lambda g: _mib(g.memory_total_bytes)),
+    GpuField("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm_mhz),
+    GpuField("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).",
+             lambda g: g.clock_mem_mhz),
+    GpuField("DCGM_FI_DEV_MAX_SM_CLOCK", "Maximum SM clock frequency (in MHz).",
+             lambda g: g.clock_sm_max_mhz),
+    GpuField("DCGM_FI_DEV_MAX_MEM_CLOCK", "Maximum memory clock frequency (in MHz).",
+             lambda g: g.clock_mem_max_mhz),
+    GpuField("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
+    GpuField("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
+    GpuField("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).",
+             lambda g: g.power_limit_w),
+    GpuField("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", lambda g: g.fan_pct),
+    GpuField("DCGM_FI_DEV_PCIE_LINK_GEN", "PCIe link generation.", lambda g: g.pcie_link_gen),
+    GpuField("DCGM_FI_DEV_PCIE_LINK_WIDTH", "PCIe link width (lanes).",
+             lambda g: g.pcie_link_width),
+    GpuField("DCGM_FI_DEV_PERSISTENCE_MODE", "Persistence mode (1 on).",
+             lambda g: _flag(g.persistence_mode)),
+    GpuField("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", _last_xid),
+    GpuField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.",
+             lambda g: g.pcie_replay_count),
+    GpuField("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.",
+             lambda g: g.ecc_corrected_volatile),
+    GpuField("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.",
+             lambda g: g.ecc_uncorrected_volatile),
+    GpuField("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+             "Total number of single-bit persistent ECC errors.",
+             lambda g: g.ecc_corrected_aggregate),
+    GpuField("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+             "Total number of double-bit persistent ECC errors.",
+             lambda g: g.ecc_uncorrected_aggregate),
+    GpuField("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+             "Number of remapped rows for correctable errors.",
+             lambda g: g.remapped_rows_correctable),
+    GpuField("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+             "Number of remapped rows for uncorrectable errors.",
+             lambda g: g.remapped_rows_uncorrectable),
+    GpuField("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending (1).",
+             lambda g: _flag(g.remapped_rows_pending)),
+    GpuField("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed (1).",
+             lambda g: _flag(g.remapped_rows_failed)),
+    GpuField("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+             "Total number of NVLink retries.",
+             lambda g: _links(g, lambda link: link.replay_errors)),
+    GpuField("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+             "Total number of NVLink recovery errors.",
+             lambda g: _links(g, lambda link: link.recovery_errors)),
+    GpuField("gpud_nvlink_crc_errors_total",
+             "NVLink flit and data CRC errors, all links (NVML reads them together).",
+             lambda g: _links(g, lambda link: link.crc_errors), counter=True),
+    GpuField("DCGM_FI_PROF_NVLINK_TX_BYTES",
+             "The rate of data transmitted over NVLink, not including protocol headers,"
+             " in bytes per second.",
+             lambda g: _links(g, lambda link: link.tx_bytes_per_s)),
+    GpuField("DCGM_FI_PROF_NVLINK_RX_BYTES",
+             "The rate of data received over NVLink, not including protocol headers,"
+             " in bytes per second.",
+             lambda g: _links(g, lambda link: link.rx_bytes_per_s)),
+    GpuField("DCGM_FI_PROF_PCIE_TX_BYTES",
+             "The rate of data transmitted over the PCIe bus, in bytes per second.",
+             lambda g: g.pcie_tx_bytes_per_s),
+    GpuField("DCGM_FI_PROF_PCIE_RX_BYTES",
+             "The rate of data received over the PCIe bus, in bytes per second.",
+             lambda g: g.pcie_rx_bytes_per_s),
+    GpuField("DCGM_FI_PROF_SM_ACTIVE",
+             "The ratio of cycles an SM has at least 1 warp assigned (0 to 1).",
+             lambda g: _ratio(g.sm_activity_pct)),
+    GpuField("DCGM_FI_PROF_SM_OCCUPANCY",
+             "The ratio of number of warps resident on an SM (0 to 1).",
+             lambda g: _ratio(g.sm_occupancy_pct)),
+    GpuField("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+             "Ratio of cycles the tensor (HMMA) pipe is active (0 to 1).",
+             lambda g: _ratio(g.tensor_activity_pct)),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunOnNode:
+    """A run as this node knows it: its summary, its latest health (node 0 only), and
+    which of its ranks runs on which of this node's GPUs (by UUID)."""
+
+    summary: RunSummary
+    health: HealthSummary | None = None
+    ranks_by_gpu: dict[str, int] = field(default_factory=dict)
+    gpus: tuple[str, ...] = ()  # UUIDs leased to it here
+
+
+@dataclass(frozen=True)
+class DaemonStats:
+    cpu_seconds: float
+    rss_bytes: int
+    clients: int
+    requests: dict[str, int]
+
+
+def gpu_families(snapshot: NodeSnapshot, runs: list[RunOnNode]) -> Iterator[Metric]:
+    host = snapshot.host.hostname
+    on_gpu: dict[str, tuple[str, str]] = {}
+    for run in runs:
+        for uuid in run.gpus:
+            on_gpu.setdefault(uuid, (run.summary.id, ""))
+        for uuid, number in run.ranks_by_gpu.items():
+            on_gpu[uuid] = (run.summary.id, str(number))
+    labels = list(GPU_LABELS + JOB_LABELS)
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    for f in FIELDS:
+        if f.counter:
+            families[f.name] = CounterMetricFamily(
+                f.name.removesuffix("_total"), f.help, labels=labels
+            )
+        else:
+            families[f.name] = GaugeMetricFamily(f.name, f.help, labels=labels)
+    for gpu in snapshot.gpus:
+        run_id, rank = on_gpu.get(gpu.uuid, ("", ""))
+        values: list[str] = [
+            str(gpu.index),
+            gpu.uuid,
+            gpu.pci_bus_id or "",
+            f"nvidia{gpu.index}",
+            gpu.name,
+            host,
+            run_id,
+            rank,
+            "true" if gpu.simulated else "",
+        ]
+        for f in FIELDS:
+            value = None if gpu.lost else f.value(gpu)
+            if value is not None:
+                families[f.name].add_metric(values, float(value))
+    yield from (family for family in families.values() if family.samples)
+
+
+def _gauge(name: str, help: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help, labels=list(labels))
+
+
+def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
+    state = _gauge("gpud_run_state", "The run's state: 1 for the one it is in.",
+                   ("run", "name", "state"))  # fmt: skip
+    attempt = _gauge("gpud_run_attempt", "The run's current attempt (1, 2, ...).", ("run",))
+    restarts = CounterMetricFamily(
+        "gpud_run_restarts", "Automatic restarts of the run.", labels=["run"]
+    )
+    steps = _gauge("gpud_run_steps_done", "Steps done (last step index + 1).", ("run",))
+    total = _gauge("gpud_run_max_steps", "training.max_steps.", ("run",))
+    values = _gauge("gpud_run_metric", "The run's latest value of a metric it logs.",
+                    ("run", "metric"))  # fmt: skip
+    verdict = _gauge("gpud_run_health", "The health verdict: 1 for the current one.",
+                     ("run", "verdict"))  # fmt: skip
+    straggler = _gauge("gpud_run_straggler", "1 while a rank is a straggler.", ("run", "rank"))
+    stalled = _gauge("gpud_run_stalled", "1 while a rank holds the others up.", ("run", "rank"))
+    busbw = _gauge("gpud_run_busbw_gbps", "Bus bandwidth of the collective probe (GB/s).",
+                   ("run",))  # fmt: skip
+    warnings = CounterMetricFamily(
+        "gpud_run_nccl_warnings", "NCCL warnings in the run's logs.", labels=["run"]
+    )
+    age = _gauge("gpud_rank_heartbeat_age_seconds", "Seconds since the rank's last heartbeat.",
+                 ("run", "rank"))  # fmt: skip
+    step_time = _gauge("gpud_rank_step_time_seconds", "The rank's recent step time.",
+                       ("run", "rank"))  # fmt: skip
+    collective = _gauge(
+        "gpud_rank_collective_seconds", "Time per step the rank spends in collectives.",
+        ("run", "rank"),
+    )  # fmt: skip
+    for run in runs:
+        s = run.summary
+        rid = s.id
+        for each in RunState:
+            if each is not RunState.LOST:
+                state.add_metric([rid, s.name, each.value], float(s.state is each))
+        attempt.add_metric([rid], float(s.attempt))
+        restarts.add_metric([rid], float(s.restarts))
+        if s.steps_done is not None:
+            steps.add_metric([rid], float(s.steps_done))
+        if s.max_steps is not None:
+            total.add_metric([rid], float(s.max_steps))
+        for name in sorted(s.last_values)[:MAX_RUN_METRICS]:
+            values.add_metric([rid, name], float(s.last_values[name]))
+        health = run.health
+        if health is None:
+            continue
+        for each_verdict in VERDICTS:
+            verdict.add_metric([rid, each_verdict], float(health.verdict == each_verdict))
+        if health.straggler is not None:
+            straggler.add_metric([rid, str(health.straggler.rank)], 1.0)
+        if health.stall is not None:
+            who = "" if health.stall.rank is None else str(health.stall.rank)
+            stalled.add_metric([rid, who], 1.0)
+        if health.bandwidth is not None:
+            busbw.add_metric([rid], health.bandwidth.busbw_gbps)
+        warnings.add_metric([rid], float(health.nccl_warnings))
+        for rank in health.ranks:
+            labels = [rid, str(rank.rank)]
+            if rank.heartbeat_age_s is not None:
+                age.add_metric(labels, rank.heartbeat_age_s)
+            if rank.step_time_s is not None:
+                step_time.add_metric(labels, rank.step_time_s)
+            if rank.collective_s is not None:
+                collective.add_metric(labels, rank.collective_s)
+    for family in (state, attempt, restarts, steps, total, values, verdict, straggler,
+                   stalled, busbw, warnings, age, step_time, collective):  # fmt: skip
+        if family.samples:
+            yield family
+
+
+def host_families(host: HostSample, daemon: DaemonStats) -> Iterator[Metric]:
+    if host.cpu_percent is not None:
+        cpu = _gauge("gpud_host_cpu_percent", "Host CPU use (in %).")
+        cpu.add_metric([], host.cpu_percent)
+        yield cpu
+    memory = _gauge("gpud_host_memory_used_bytes", "Host memory in use.")
+    memory.add_metric([], float(host.memory_used_bytes))
+    yield memory
+    total = _gauge("gpud_host_memory_total_bytes", "Host memory in all.")
+    total.add_metric([], float(host.memory_total_bytes))
+    yield total
+    cpu_s = CounterMetricFamily("gpud_daemon_cpu_seconds", "CPU time the daemon used.")
+    cpu_s.add_metric([], daemon.cpu_seconds)
+    yield cpu_s
+    rss = _gauge("gpud_daemon_rss_bytes", "The daemon's resident memory.")
+    rss.add_metric([], float(daemon.rss_bytes))
+    yield rss
+    clients = _gauge("gpud_daemon_clients", "Connections to the control and events sockets.")
+    clients.add_metric([], float(daemon.clients))
+    yield clients
+    served = CounterMetricFamily(
+        "gpud_daemon_requests", "Control requests served, by method.", labels=["method"]
+    )
+    for method, count in sorted(daemon.requests.items()):
+        served.add_metric([method], float(count))
+    yield served
