@@ -17,6 +17,7 @@ status requests per second.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -35,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from gpud.client import Client  # noqa: E402
 from gpud.keys import load_client_keypair  # noqa: E402
 from gpud.protocol import NODE_INFO, Empty, encode_request  # noqa: E402
-from tests.support.daemons import RunningDaemon, start_daemon  # noqa: E402
+from tests.support.daemons import RunningDaemon, free_port, gpuctl, start_daemon  # noqa: E402
 
 
 def idle_cost(daemon: RunningDaemon, duration: float) -> tuple[float, float, int]:
@@ -111,6 +113,55 @@ def latency_ms(daemon: RunningDaemon, count: int = 500) -> float:
     return statistics.median(samples)
 
 
+def launch_sleepers(daemon: RunningDaemon, tmp: Path, count: int) -> list[str]:
+    """`count` runs of one sleeping process each, on 2 GPUs each: runs for /metrics to list."""
+    script = tmp / "sleeper.py"
+    script.write_text("import time\ntime.sleep(3600)\n")
+    spec = tmp / "sleeper.yaml"
+    spec.write_text(f"name: sleeper\nlauncher: python\nscript: {script}\ngpus: 2\n")
+    ids = []
+    for _ in range(count):
+        result = gpuctl("--node", daemon.address, "--json", "launch", str(spec))
+        assert result.returncode == 0, result.stderr
+        ids.append(json.loads(result.stdout)["run"]["id"])
+    return ids
+
+
+def scrape_cost(daemon: RunningDaemon, url: str, count: int = 200) -> tuple[float, float, int]:
+    """(median ms per scrape, daemon CPU ms per scrape, bytes) over `count` scrapes."""
+    proc = psutil.Process(daemon.proc.pid)
+    urllib.request.urlopen(url, timeout=10).read()
+    before = proc.cpu_times()
+    took = []
+    size = 0
+    for _ in range(count):
+        t = time.perf_counter()
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            size = len(reply.read())
+        took.append((time.perf_counter() - t) * 1000)
+    after = proc.cpu_times()
+    cpu = (after.user + after.system) - (before.user + before.system)
+    return statistics.median(took), cpu * 1000 / count, size
+
+
+def idle_with_scrapes(daemon: RunningDaemon, url: str, duration: float, every: float) -> float:
+    """The daemon's CPU (share of a core) over `duration`, scraped every `every` seconds."""
+    stop = threading.Event()
+
+    def scraper() -> None:
+        while not stop.wait(every):
+            urllib.request.urlopen(url, timeout=10).read()
+
+    thread = threading.Thread(target=scraper, daemon=True)
+    thread.start()
+    try:
+        cpu, _, _ = idle_cost(daemon, duration)
+    finally:
+        stop.set()
+        thread.join()
+    return cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=60.0, help="idle window, seconds")
@@ -158,6 +209,35 @@ def main() -> None:
         finally:
             for daemon in (secure, insecure):
                 daemon.stop()
+        port = free_port()
+        scraped = start_daemon(
+            Path(tmp),
+            node="scraped",
+            simulate_gpus=args.gpus,
+            interval=1.0,
+            extra=("--metrics", f"127.0.0.1:{port}"),
+        )
+        url = f"http://127.0.0.1:{port}/metrics"
+        sleepers: list[str] = []
+        try:
+            sleepers = launch_sleepers(scraped, Path(tmp), 4)
+            time.sleep(3.0)
+            print(f"/metrics: {args.gpus} simulated GPUs, 4 runs, side by side with the above")
+            median, cpu_ms, size = scrape_cost(scraped, url)
+            print(f"  one scrape        {median:8.2f} ms median, {cpu_ms:.2f} ms of daemon CPU,"
+                  f" {size / 1024:.0f} KiB   (target < 5 ms)")  # fmt: skip
+            # The same daemon and runs, unscraped then scraped every 15 s: the difference is
+            # what serving /metrics costs.
+            quiet, _, _ = idle_cost(scraped, args.duration)
+            with_scrapes = idle_with_scrapes(scraped, url, args.duration, 15.0)
+            print(f"  daemon CPU, 4 runs, not scraped      {quiet * 100:5.2f} % of a core")
+            print(f"  daemon CPU, 4 runs, scraped every 15 s {with_scrapes * 100:5.2f} % of a core"
+                  f" (ratio {with_scrapes / quiet if quiet else float('nan'):.2f};"
+                  " target < 1 %)")  # fmt: skip
+        finally:
+            for run_id in sleepers:
+                gpuctl("--node", scraped.address, "stop", run_id, "--force")
+            scraped.stop()
 
 
 if __name__ == "__main__":

@@ -94,7 +94,18 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
         check = subprocess.run(
             [promtool, "check", "metrics"], input=text, capture_output=True, text=True
         )
-        assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+        # promtool's style lint flags what dcgm-exporter itself does, and dashboards
+        # depend on: its camelCase labels, and a name ending in COUNTER. Nothing else.
+        problems = {
+            line.strip()
+            for line in (check.stdout + check.stderr).splitlines()
+            if line.strip()
+            and not line.strip().endswith("label names should be written in 'snake_case' not"
+                                          " 'camelCase'")
+            and line.strip() != "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not"
+            " include type 'counter'"
+        }  # fmt: skip
+        assert not problems, problems
 
 
 def test_a_non_loopback_address_needs_tls_or_an_explicit_insecure(tmp_path: Path) -> None:
