@@ -22,7 +22,7 @@ from gpud.snapshot import GpuSample, HostSample, NodeSnapshot
 MIB = 1024 * 1024
 #: dcgm-exporter's labels, in its order; then ours.
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
-JOB_LABELS = ("run", "rank", "simulated")
+JOB_LABELS = ("run", "rank", "hpc_job", "simulated")
 #: At most this many metric names per run: a trainer logging a new name per step must not
 #: grow every scrape without bound.
 MAX_RUN_METRICS = 32
@@ -174,8 +174,12 @@ class DaemonStats:
     requests: dict[str, int]
 
 
-def gpu_families(snapshot: NodeSnapshot, runs: list[RunOnNode]) -> Iterator[Metric]:
+def gpu_families(
+    snapshot: NodeSnapshot, runs: list[RunOnNode], jobs: dict[int, str] | None = None
+) -> Iterator[Metric]:
+    """`jobs`: GPU index → the Slurm job of a process on it (dcgm-exporter's `hpc_job`)."""
     host = snapshot.host.hostname
+    jobs = jobs or {}
     on_gpu: dict[str, tuple[str, str]] = {}
     for run in runs:
         for uuid in run.gpus:
@@ -202,6 +206,7 @@ def gpu_families(snapshot: NodeSnapshot, runs: list[RunOnNode]) -> Iterator[Metr
             host,
             run_id,
             rank,
+            jobs.get(gpu.index, ""),
             "true" if gpu.simulated else "",
         ]
         for f in FIELDS:

@@ -51,6 +51,36 @@ def runs_on_node(supervisor: Supervisor) -> list[RunOnNode]:
     return found
 
 
+class SlurmJobs:
+    """The Slurm job of each process on a GPU, from its environment (`SLURM_JOB_ID`), read
+    once per process: a scrape costs no more for it after the first."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, float], str] = {}
+
+    def of(self, pid: int) -> str:
+        try:
+            proc = psutil.Process(pid)
+            key = (pid, proc.create_time())
+            if key not in self._known:
+                self._known[key] = proc.environ().get("SLURM_JOB_ID", "")
+            return self._known[key]
+        except psutil.Error:  # gone, or another user's process we may not read
+            return ""
+
+    def by_gpu(self, snapshot: NodeSnapshot) -> dict[int, str]:
+        found: dict[int, str] = {}
+        live: set[int] = set()
+        for gpu in snapshot.gpus:
+            for proc in gpu.processes or []:
+                live.add(proc.pid)
+                job = self.of(proc.pid)
+                if job:
+                    found.setdefault(gpu.index, job)
+        self._known = {k: v for k, v in self._known.items() if k[0] in live}
+        return found
+
+
 class ScrapeSource:
     """Builds the metric families of one scrape (on the daemon's loop)."""
 
@@ -63,11 +93,12 @@ class ScrapeSource:
         self._supervisor = supervisor
         self._snapshot = snapshot
         self._stats = stats
+        self._jobs = SlurmJobs()
 
     def __call__(self) -> Iterator[Metric]:
         snapshot = self._snapshot()
         runs = runs_on_node(self._supervisor)
-        yield from gpu_families(snapshot, runs)
+        yield from gpu_families(snapshot, runs, self._jobs.by_gpu(snapshot))
         yield from run_families(runs)
         yield from host_families(snapshot.host, self._stats())
 

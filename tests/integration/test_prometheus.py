@@ -48,7 +48,10 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
 ) -> None:
     port = free_port()
     daemon = daemons(simulate_gpus=4, extra=("--metrics", f"127.0.0.1:{port}"))
-    run_id = launch(daemon, FAST, "training.max_steps=100000", "gpus=[1, 2]")
+    # A run inside a Slurm allocation: its processes carry the job id.
+    run_id = launch(
+        daemon, FAST, "training.max_steps=100000", "gpus=[1, 2]", "env.SLURM_JOB_ID=4242"
+    )
     try:
         wait_for_step(daemon, run_id, 10)
         time.sleep(1.5)  # a health round after the heartbeats
@@ -60,7 +63,7 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
     assert sorted(util) == ["0", "1", "2", "3"]
     labels, _ = util["1"]
     assert set(labels) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
-                           "run", "rank", "simulated"}  # fmt: skip
+                           "run", "rank", "hpc_job", "simulated"}  # fmt: skip
     assert (labels["device"], labels["modelName"]) == ("nvidia1", "NVIDIA H100 80GB HBM3")
     assert labels["simulated"] == "true" and labels["UUID"].startswith("GPU-sim")
     # The run's ranks on the GPUs it leased, by local rank: what dcgm-exporter cannot say.
@@ -68,6 +71,9 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
     assert (util["2"][0]["run"], util["2"][0]["rank"]) == (run_id, "1")
     # No run on GPUs 0 and 3: empty, which Prometheus stores as no label at all.
     assert util["0"][0]["run"] == util["3"][0]["run"] == util["3"][0]["rank"] == ""
+    # The Slurm job of the processes on a GPU, as dcgm-exporter's hpc_job.
+    assert util["1"][0]["hpc_job"] == util["2"][0]["hpc_job"] == "4242"
+    assert util["0"][0]["hpc_job"] == ""
     # Units and scales as dcgm-exporter's: MiB, ratios from 0 to 1.
     used = by_gpu(samples, "DCGM_FI_DEV_FB_USED")["1"][1]
     total = by_gpu(samples, "DCGM_FI_DEV_FB_TOTAL")["1"][1]
