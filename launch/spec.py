@@ -121,6 +121,9 @@ class TrainingHints(SpecModel):
     auto: bool = Field(False, description="fill unset hints from the node's hardware table")
     batch_size_per_gpu: int | None = Field(None, ge=1)
     gradient_accumulation: int | None = Field(None, ge=1)
+    seq_len: int | None = Field(
+        None, ge=1, description="tokens per sample: gpud reports tokens/s as samples/s × seq_len"
+    )
     mixed_precision: Precision | None = None
     gradient_checkpointing: bool | None = None
     lr: float | None = Field(None, gt=0, description="learning rate at lr_base_world_size")

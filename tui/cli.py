@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from gpud import __version__
 from tui.model.targets import Target, TargetError, resolve_targets
 
 EXIT_USAGE = 2
@@ -51,6 +52,7 @@ def parser() -> argparse.ArgumentParser:
         help="YAML listing nodes with their pinned server keys (nodes: [{address, server_key}])",
     )
     p.add_argument("--readonly", action="store_true", help="no stop or resume")
+    p.add_argument("--version", action="version", version=f"gputop (gpud) {__version__}")
     p.add_argument(
         "--run",
         metavar="RUN",
@@ -77,7 +79,10 @@ def app_argv(args: argparse.Namespace) -> list[str]:
 
 
 def serve_web(args: argparse.Namespace) -> None:
-    from textual_serve.server import Server
+    try:
+        from textual_serve.server import Server
+    except ImportError:
+        fail("--web needs textual-serve: pip install 'gpud[web]'")
 
     command = shlex.join([sys.executable, "-m", "tui", *app_argv(args)])
     print(f"gputop: serving on http://{args.web_host}:{args.web_port}", file=sys.stderr)

@@ -27,6 +27,9 @@ JOB_LABELS = ("run", "rank", "hpc_job", "simulated")
 #: grow every scrape without bound.
 MAX_RUN_METRICS = 32
 VERDICTS = ("ok", "degraded", "stalled", "failed", "idle")
+#: Metric names a trainer may log its throughput under (the same gputop reads).
+SAMPLES_NAMES = ("samples_per_s", "samples/s", "samples_per_sec", "throughput")
+TOKENS_NAMES = ("tokens_per_s", "tokens/s", "tokens_per_sec")
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,26 @@ class RunOnNode:
     health: HealthSummary | None = None
     ranks_by_gpu: dict[str, int] = field(default_factory=dict)
     gpus: tuple[str, ...] = ()  # UUIDs leased to it here
+    #: From the spec: samples per optimizer step on one process (batch_size_per_gpu ×
+    #: gradient_accumulation), and tokens per sample (training.seq_len).
+    samples_per_rank_step: int | None = None
+    tokens_per_sample: int | None = None
+
+    def throughput(self) -> tuple[float | None, float | None]:
+        """(samples/s, tokens/s): what the trainer logs under a throughput name, else the
+        step rate (the ranks' median step time) × the global batch (× seq_len)."""
+        logged = self.summary.last_values
+        samples = next((logged[n] for n in SAMPLES_NAMES if n in logged), None)
+        tokens = next((logged[n] for n in TOKENS_NAMES if n in logged), None)
+        health = self.health
+        if samples is None and self.samples_per_rank_step and health and health.world_size:
+            times = sorted(r.step_time_s for r in health.ranks if r.step_time_s)
+            if times:
+                step_time = times[len(times) // 2]
+                samples = self.samples_per_rank_step * health.world_size / step_time
+        if tokens is None and samples is not None and self.tokens_per_sample:
+            tokens = samples * self.tokens_per_sample
+        return samples, tokens
 
 
 @dataclass(frozen=True)
@@ -233,8 +256,14 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
                     ("run", "metric"))  # fmt: skip
     verdict = _gauge("gpud_run_health", "The health verdict: 1 for the current one.",
                      ("run", "verdict"))  # fmt: skip
-    straggler = _gauge("gpud_run_straggler", "1 while a rank is a straggler.", ("run", "rank"))
-    stalled = _gauge("gpud_run_stalled", "1 while a rank holds the others up.", ("run", "rank"))
+    samples = _gauge("gpud_run_samples_per_second", "Samples trained per second (all ranks).",
+                     ("run",))  # fmt: skip
+    tokens = _gauge("gpud_run_tokens_per_second", "Tokens trained per second (all ranks).",
+                    ("run",))  # fmt: skip
+    straggler = _gauge("gpud_run_straggler", "1 while the rank is a straggler, else 0.",
+                       ("run", "rank"))  # fmt: skip
+    stalled = _gauge("gpud_run_stalled", "1 while the rank holds the others up (or all are "
+                     "stuck), else 0.", ("run", "rank"))  # fmt: skip
     busbw = _gauge("gpud_run_busbw_gbps", "Bus bandwidth of the collective probe (GB/s).",
                    ("run",))  # fmt: skip
     warnings = CounterMetricFamily(
@@ -262,16 +291,22 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
             total.add_metric([rid], float(s.max_steps))
         for name in sorted(s.last_values)[:MAX_RUN_METRICS]:
             values.add_metric([rid, name], float(s.last_values[name]))
+        per_second = run.throughput()
+        if per_second[0] is not None:
+            samples.add_metric([rid], per_second[0])
+        if per_second[1] is not None:
+            tokens.add_metric([rid], per_second[1])
         health = run.health
         if health is None:
             continue
         for each_verdict in VERDICTS:
             verdict.add_metric([rid, each_verdict], float(health.verdict == each_verdict))
-        if health.straggler is not None:
-            straggler.add_metric([rid, str(health.straggler.rank)], 1.0)
-        if health.stall is not None:
-            who = "" if health.stall.rank is None else str(health.stall.rank)
-            stalled.add_metric([rid, who], 1.0)
+        stall = health.stall
+        for rank in health.ranks:
+            number = str(rank.rank)
+            straggler.add_metric([rid, number], float(rank.straggler))
+            stuck = stall is not None and stall.rank in (None, rank.rank)
+            stalled.add_metric([rid, number], float(stuck))
         if health.bandwidth is not None:
             busbw.add_metric([rid], health.bandwidth.busbw_gbps)
         warnings.add_metric([rid], float(health.nccl_warnings))
@@ -283,8 +318,8 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
                 step_time.add_metric(labels, rank.step_time_s)
             if rank.collective_s is not None:
                 collective.add_metric(labels, rank.collective_s)
-    for family in (state, attempt, restarts, steps, total, values, verdict, straggler,
-                   stalled, busbw, warnings, age, step_time, collective):  # fmt: skip
+    for family in (state, attempt, restarts, steps, total, values, samples, tokens, verdict,
+                   straggler, stalled, busbw, warnings, age, step_time, collective):  # fmt: skip
         if family.samples:
             yield family
 

@@ -40,12 +40,18 @@ def runs_on_node(supervisor: Supervisor) -> list[RunOnNode]:
                     uuid = leased[rank.local_rank]
                 if uuid:
                     ranks.setdefault(uuid, rank.rank)
+        training = run.spec.get("training") or {}
+        batch = training.get("batch_size_per_gpu")
         found.append(
             RunOnNode(
                 summary=book.summary(run),
                 health=telemetry.health.get(run.id) if run.is_coordinator else None,
                 ranks_by_gpu=ranks,
                 gpus=tuple(leased),
+                samples_per_rank_step=(
+                    batch * (training.get("gradient_accumulation") or 1) if batch else None
+                ),
+                tokens_per_sample=training.get("seq_len"),
             )
         )
     return found

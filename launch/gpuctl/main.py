@@ -28,6 +28,7 @@ VERBS = {
     "nodes": "launch.gpuctl.nodes:nodes_command",
     "hw": "launch.gpuctl.hw:hw_command",
     "keys": "launch.gpuctl.keys:keys_group",
+    "completion": "launch.gpuctl.completion:completion_command",
 }
 
 
@@ -63,7 +64,7 @@ class LazyVerbs(click.Group):
     type=click.FloatRange(min=0.1),
     help="Seconds to wait for each node.",
 )
-@click.version_option(__version__, prog_name="gpuctl")
+@click.version_option(__version__, prog_name="gpuctl", message="%(prog)s (gpud) %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, nodes: tuple[str, ...], as_json: bool, timeout: float) -> None:
     """gpuctl: launch, inspect and control runs on gpud nodes.

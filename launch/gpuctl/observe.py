@@ -7,11 +7,10 @@ import click
 from gpud.client import Client, ClientError
 from gpud.protocol import RUN_HEALTH, RUN_METRICS, MetricsReply, MetricsRequest, RunRef
 from gpud.runmodel import HealthSummary, steps_text
+from launch.gpuctl.completion import run_argument
 from launch.gpuctl.context import Ctl, exit_code_for, fail, json_option
 from launch.gpuctl.output import emit_json, table
 from launch.gpuctl.runref import find_run
-
-run_argument = click.argument("run", metavar="RUN")
 
 
 @click.command("metrics")

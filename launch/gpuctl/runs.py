@@ -30,6 +30,7 @@ from gpud.runmodel import (
     gpus_text,
     steps_text,
 )
+from launch.gpuctl.completion import run_argument
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -47,8 +48,6 @@ from launch.gpuctl.runref import FoundRun, find_run
 
 #: Log lines of a failure's cause that `gpuctl status` shows.
 CAUSE_LINES = 8
-
-run_argument = click.argument("run", metavar="RUN")
 
 
 def _age(since: float) -> str:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support.daemons import RunningDaemon, free_port, gpuctl
+from tests.support.daemons import RunningDaemon, free_port, gpuctl, run_cli
 from tests.support.runs import CPU_DDP, FAST, launch, script_spec, wait_for
 
 
@@ -252,3 +253,29 @@ def test_a_finished_run_shows_the_same_steps_done_in_ps_status_and_health(
         line for line in ctl("status", run_id).splitlines() if line.startswith("progress")
     )
     assert f"step {done}" in progress, progress
+
+
+def complete(words: str) -> subprocess.CompletedProcess[str]:
+    """What bash asks gpuctl while the user presses tab after `words`."""
+    env = {"_GPUCTL_COMPLETE": "bash_complete", "COMP_WORDS": words,
+           "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}  # fmt: skip
+    return run_cli("launch.gpuctl", env=env, timeout=30)
+
+
+def test_shell_completion_offers_the_run_ids_and_names_the_nodes_know(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    script = gpuctl("completion", "bash")
+    assert script.returncode == 0 and "_GPUCTL_COMPLETE=bash_complete" in script.stdout
+    spec = script_spec(tmp_path, "print('hi')", name="tabbed")
+    run_id = launch(daemon, config=spec)
+    wait_for(daemon, run_id, {"succeeded"})
+    offered = complete("gpuctl stop ")
+    assert offered.returncode == 0 and offered.stderr == "", offered.stderr
+    assert set(offered.stdout.splitlines()) == {f"plain,{run_id}", "plain,tabbed"}
+    assert complete(f"gpuctl logs {run_id[:-2]}").stdout.splitlines() == [f"plain,{run_id}"]
+    assert complete("gpuctl st").stdout.splitlines() == ["plain,status", "plain,stop"]
+    # No daemon answering: nothing offered, nothing printed, no delay past the timeout.
+    assert daemon.stop() == 0
+    quiet = complete(f"gpuctl --node {daemon.address} status ")
+    assert (quiet.returncode, quiet.stdout.strip(), quiet.stderr) == (0, "", "")

@@ -78,7 +78,7 @@ CONTRACTS = [
     Contract(
         "the TUI's model layer imports no Textual",
         covers=("tui.model",),
-        forbidden=("textual", "textual_plotext", "textual_serve"),
+        forbidden=("textual", "textual_serve"),
     ),
     Contract(
         "run specs, command builders and auto-tuning do no I/O",

@@ -18,7 +18,7 @@ COLUMNS = [
     ("N×P", "shape", 5),
     ("GPUS", "gpus", 13),
     ("STEP", "step", None),
-    ("LOSS", "loss", 7),
+    ("LOSS", "loss", 10),  # -1.23e-04 and a gap
     ("RATE", "rate", None),
     ("ETA", "eta", 6),
     ("HEALTH", "health", 9),

@@ -1,0 +1,70 @@
+"""The run series a scrape renders from a run's summary and health: throughput from what
+the trainer logs or from the step rate and the spec's batch, and per-rank flags that are
+0 as well as 1, so a dashboard and an alert see the series before anything goes wrong."""
+
+from __future__ import annotations
+
+from gpud.prometheus.series import RunOnNode, run_families
+from gpud.protocol import RunSummary
+from gpud.runmodel import HealthSummary, RankView, RunState, Stall
+
+
+def summary(**values: float) -> RunSummary:
+    return RunSummary(
+        id="r-1", name="demo", state=RunState.RUNNING, state_since=0.0, attempt=1,
+        created_at=0.0, node_rank=0, nodes=[], launcher="torchrun", last_values=values,
+    )  # fmt: skip
+
+
+def health(step_times: list[float], stall: Stall | None = None, slow: int = -1) -> HealthSummary:
+    ranks = [
+        RankView(rank=i, node_rank=0, local_rank=i, step_time_s=t, straggler=i == slow)
+        for i, t in enumerate(step_times)
+    ]
+    return HealthSummary(
+        run_id="r-1", attempt=1, time=0.0, verdict="ok", world_size=len(ranks), ranks=ranks,
+        stall=stall,
+    )  # fmt: skip
+
+
+def rendered(run: RunOnNode) -> dict[str, dict[tuple[str, ...], float]]:
+    found: dict[str, dict[tuple[str, ...], float]] = {}
+    for family in run_families([run]):
+        for sample in family.samples:
+            key = tuple(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "run")
+            found.setdefault(sample.name, {})[key] = sample.value
+    return found
+
+
+def test_throughput_comes_from_the_step_rate_and_the_global_batch() -> None:
+    # 4 ranks, median step time 0.5 s; 8 samples × 2 micro-steps per rank and step.
+    run = RunOnNode(
+        summary(loss=1.0), health([0.4, 0.5, 0.5, 2.0]), samples_per_rank_step=16,
+        tokens_per_sample=1024,
+    )  # fmt: skip
+    series = rendered(run)
+    assert series["gpud_run_samples_per_second"] == {(): 16 * 4 / 0.5}
+    assert series["gpud_run_tokens_per_second"] == {(): 16 * 4 / 0.5 * 1024}
+
+
+def test_what_the_trainer_logs_wins_and_nothing_is_made_up() -> None:
+    logged = RunOnNode(summary(samples_per_s=300.0), health([1.0]), samples_per_rank_step=16)
+    assert rendered(logged)["gpud_run_samples_per_second"] == {(): 300.0}
+    assert "gpud_run_tokens_per_second" not in rendered(logged)  # no seq_len, none logged
+    unknown = RunOnNode(summary(loss=1.0), health([1.0]))  # no batch size in the spec
+    assert "gpud_run_samples_per_second" not in rendered(unknown)
+
+
+def test_straggler_and_stalled_flags_are_there_for_every_rank() -> None:
+    calm = rendered(RunOnNode(summary(), health([0.1, 0.1, 0.1], slow=2)))
+    assert calm["gpud_run_straggler"] == {("rank=0",): 0.0, ("rank=1",): 0.0, ("rank=2",): 1.0}
+    assert set(calm["gpud_run_stalled"].values()) == {0.0}
+    why = "waits"
+    one = Stall(rank=1, stuck_for_s=30, timeout_s=600, countdown_s=570, why=why)
+    assert rendered(RunOnNode(summary(), health([0.1, 0.1], stall=one)))["gpud_run_stalled"] == {
+        ("rank=0",): 0.0,
+        ("rank=1",): 1.0,
+    }
+    every = Stall(rank=None, stuck_for_s=30, timeout_s=600, countdown_s=570, why=why)
+    stuck = rendered(RunOnNode(summary(), health([0.1, 0.1], stall=every)))["gpud_run_stalled"]
+    assert set(stuck.values()) == {1.0}
