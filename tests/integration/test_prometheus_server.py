@@ -5,6 +5,7 @@ Skipped, with the reason, where the binary is absent; `.ci/run` installs it."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -19,6 +20,14 @@ import pytest
 from tests.support.daemons import RunningDaemon, free_port
 from tests.support.runs import FAST, force_stop, launch, wait_for_step
 
+DASHBOARD = Path(__file__).parents[2] / "config" / "grafana" / "gpud.json"
+#: What issue 11 asks the dashboard to show: the fleet, errors, runs.
+PANELS_WANTED = (
+    "utilization", "SM activity", "memory", "Power", "Temperature",
+    "XID", "ECC", "Row remapping", "NVLink", "PCIe",
+    "Loss", "Throughput", "Step time per rank", "Health verdict", "Straggler", "stalled",
+    "bandwidth",
+)  # fmt: skip
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None,
@@ -37,6 +46,12 @@ class Prometheus:
             body = json.loads(reply.read())
         assert body["status"] == "success", body
         return list(body["data"]["result"])
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        query = urllib.parse.urlencode({"match[]": match})
+        url = f"{self.url}/api/v1/label/{label}/values?{query}"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return list(json.loads(reply.read())["data"])
 
     def wait_for(self, promql: str, count: int, timeout: float = 60) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
@@ -105,5 +120,60 @@ def test_a_real_prometheus_finds_gpus_runs_and_the_ranks_on_them(
         assert running[0]["metric"]["name"] == "cpu-ddp"
         free = prometheus.query('DCGM_FI_DEV_GPU_UTIL{run=""}')  # GPUs 1 and 2: no run label
         assert sorted(s["metric"]["gpu"] for s in free) == ["1", "2"]
+    finally:
+        force_stop(daemon, run_id)
+
+
+def grafana_to_promql(expr: str) -> str:
+    """What Grafana sends for "All" in every variable, and its interval macros."""
+    expr = expr.replace("$__rate_interval", "1m").replace("$__interval", "15s")
+    return re.sub(r"\$\{?(Hostname|run)\}?", ".*", expr)
+
+
+def test_every_dashboard_panel_finds_data_in_a_real_prometheus(
+    daemons: Daemons, prometheus_for: Callable[[int], Prometheus]
+) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    titles = " ".join(p["title"] for p in panels)
+    for wanted in PANELS_WANTED:
+        assert wanted in titles, f"no panel for {wanted}"
+    heatmaps = [p["title"] for p in panels if p["type"] == "heatmap"]
+    assert len(heatmaps) == 2, heatmaps  # utilization and SM activity, by host and GPU
+    port = free_port()
+    daemon = daemons(simulate_gpus=4, extra=("--metrics", f"127.0.0.1:{port}"))
+    run_id = launch(daemon, FAST, "training.max_steps=100000", "gpus=[0, 3]",
+                    "training.seq_len=256")  # fmt: skip
+    try:
+        wait_for_step(daemon, run_id, 3)
+        prometheus = prometheus_for(port)
+        prometheus.wait_for(f'gpud_rank_step_time_seconds{{run="{run_id}"}}', 2)
+        time.sleep(3)  # a few scrapes, for the panels that take a rate
+        for variable in dashboard["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            found = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable["definition"])
+            assert found, variable["definition"]
+            values = prometheus.label_values(found[2], found[1])
+            assert values, f"variable {variable['name']} lists nothing"
+        assert run_id in prometheus.label_values("run", "gpud_run_state")
+        empty = []
+        for panel in panels:
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert panel["targets"], panel["title"]
+            for target in panel["targets"]:
+                if not prometheus.query(grafana_to_promql(target["expr"])):
+                    empty.append(f"{panel['title']}: {target['expr']}")
+        assert not empty, "panels with no data:\n" + "\n".join(empty)
+        # The run's panels show this run, with numbers that make sense.
+        tokens = prometheus.query(f'gpud_run_tokens_per_second{{run="{run_id}"}}')
+        samples = prometheus.query(f'gpud_run_samples_per_second{{run="{run_id}"}}')
+        ratio = float(tokens[0]["value"][1]) / float(samples[0]["value"][1])
+        assert abs(ratio - 256) < 1e-6 and float(samples[0]["value"][1]) > 0
+        verdict = prometheus.query(grafana_to_promql(
+            next(p for p in panels if p["title"] == "Health verdict")["targets"][0]["expr"]
+        ))  # fmt: skip
+        assert {v["metric"]["run"] for v in verdict} == {run_id}
+        assert float(verdict[0]["value"][1]) in {0.0, 1.0, 2.0}  # ok, idle or degraded
     finally:
         force_stop(daemon, run_id)
