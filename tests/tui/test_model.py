@@ -10,7 +10,7 @@ from tests.tui import scenes
 from tui.model import actions
 from tui.model.fleet import FleetModel
 from tui.model.nodes import OFFLINE_AFTER_S
-from tui.widgets.runs_table import run_row
+from tui.widgets.runs_table import COLUMNS, run_row
 
 
 def one_node() -> tuple[FleetModel, scenes.FixedClock, str]:
@@ -242,5 +242,6 @@ def test_simulated_gpus_map_to_runs_by_their_leases() -> None:
     assert held is not None and held[0].id == "late-1"
     assert model.gpu_holder(key, 3) is None
     rows = {run.id: run_row(run, scenes.T0) for run in model.sorted_runs()}
-    assert str(rows["late-1"][1][4]) == "4-7"  # GPUS
-    assert str(rows["wait-2"][1][1]) == "queued #1" and str(rows["wait-2"][1][4]) == "-"
+    gpus = next(i for i, (label, _, _) in enumerate(COLUMNS) if label == "GPUS")
+    assert str(rows["late-1"][1][gpus]) == "4-7"
+    assert str(rows["wait-2"][1][1]) == "queued #1" and str(rows["wait-2"][1][gpus]) == "-"

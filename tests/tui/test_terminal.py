@@ -91,14 +91,15 @@ def test_gputop_in_a_real_terminal_shows_the_fleet_and_a_run_and_stops_and_resum
         terminal.keys("runs", "Enter")
         runs = terminal.wait_for("RUN", "STATE", run_id, "running")
         row = next(line for line in runs.splitlines() if line.startswith(run_id))
-        assert "1×2" in row and "st/s" in row
+        assert "1×2" in row and "st/s" in row, runs
         terminal.keys("Enter")
         run = terminal.wait_for("cpu-ddp · running", "torchrun/gloo", "loss", "step ")
         assert any(0x2800 < ord(ch) <= 0x28FF for ch in run), "no braille loss curve"
         assert "health" in run
         # Stop, then resume, from the run screen: each asks first, naming the run.
         terminal.keys("s")
-        terminal.wait_for("Stop run?", f"Stop run {run_id}", "node0")
+        confirm = terminal.wait_for("Stop run?", f"Stop run {run_id}", "node0")
+        assert "× 2 processes" in confirm and "2 ranks in all" in confirm, confirm
         terminal.keys("y")
         terminal.wait_for("cpu-ddp · stopped", timeout=60)
         wait_for(daemon, run_id, {"stopped"}, timeout=30)

@@ -1,5 +1,5 @@
-"""Every run across the nodes: state (with its place in the queue), nodes × processes, the
-GPUs it holds, step, loss, rate, ETA, attempt, health verdict."""
+"""Every run across the nodes: state (with its place in the queue), nodes × processes, step,
+loss, rate, ETA, health verdict, attempt, the GPUs it holds, age."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ from tui.model.fleet import FleetModel
 from tui.model.runs import RunView
 from tui.widgets.live_table import LiveTable, Row
 
+#: What matters most comes first, within 80 columns: how far, how well, how fast.
 COLUMNS = [
     ("RUN", "run", 19),
     ("STATE", "state", 10),
-    ("ATT", "attempt", 4),
     ("N×P", "shape", 5),
-    ("GPUS", "gpus", 13),
     ("STEP", "step", None),
     ("LOSS", "loss", 10),  # -1.23e-04 and a gap
     ("RATE", "rate", None),
     ("ETA", "eta", 6),
     ("HEALTH", "health", 9),
+    ("ATT", "attempt", 4),
+    ("GPUS", "gpus", 13),
     ("AGE", "age", 7),
 ]
 
@@ -78,14 +79,14 @@ def run_row(run: RunView, now_wall: float) -> Row:
         [
             Text(run.id, style="bold"),
             Text(s.state_label, style=STATE_STYLES.get(s.state, "")),
-            str(s.attempt),
             shape(run),
-            Text(run.gpus_text(), style="" if run.active else "dim"),
             step_text,
             units.number(run.last_value("loss"), 3),
             "–" if rate is None else f"{units.number(rate.value, 3)}{RATE_UNITS[rate.unit]}",
             units.duration(run.eta_s()) if run.active else "–",
             verdict_cell(run),
+            str(s.attempt),
+            Text(run.gpus_text(), style="" if run.active else "dim"),
             units.duration(now_wall - s.created_at),
         ],
     )
