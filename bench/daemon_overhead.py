@@ -232,8 +232,9 @@ def main() -> None:
             with_scrapes = idle_with_scrapes(scraped, url, args.duration, 15.0)
             print(f"  daemon CPU, 4 runs, not scraped      {quiet * 100:5.2f} % of a core")
             print(f"  daemon CPU, 4 runs, scraped every 15 s {with_scrapes * 100:5.2f} % of a core"
-                  f" (ratio {with_scrapes / quiet if quiet else float('nan'):.2f};"
-                  " target < 1 %)")  # fmt: skip
+                  f" (ratio {with_scrapes / quiet if quiet else float('nan'):.2f})")  # fmt: skip
+            print(f"  scraping adds     {(with_scrapes - quiet) * 100:+5.2f} % of a core"
+                  "   (target < 1 %)")  # fmt: skip
         finally:
             for run_id in sleepers:
                 gpuctl("--node", scraped.address, "stop", run_id, "--force")

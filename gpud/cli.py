@@ -212,9 +212,18 @@ def probe_command(simulate_gpus: int | None, as_json: bool) -> None:
     default=None,
     help="Print where things are and exit instead of opening gputop [when not in a terminal].",
 )
-def demo_command(state_dir: Path | None, simulate_gpus: int | None, no_tui: bool | None) -> None:
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    help="Steps for the demo run [1800: about a minute on 2 idle cores].",
+)
+def demo_command(
+    state_dir: Path | None, simulate_gpus: int | None, no_tui: bool | None, steps: int | None
+) -> None:
     """The whole flow: a local daemon, the CPU DDP example launched on it, and gputop."""
     from gpud.demo import run_demo
     from gpud.paths import default_state_dir
 
-    run_demo((state_dir or default_state_dir()).expanduser().resolve(), simulate_gpus, no_tui)
+    sets = (f"training.max_steps={steps}",) if steps else ()
+    state = (state_dir or default_state_dir()).expanduser().resolve()
+    run_demo(state, simulate_gpus, no_tui, sets=sets)

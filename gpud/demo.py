@@ -2,8 +2,9 @@
 
 1. Start `gpud serve` in the background (simulated GPUs where NVML finds none) and wait
    until it answers. A daemon that already holds the state dir is reused.
-2. Launch the CPU DDP example (`config/examples/cpu-ddp.yaml`: two gloo processes, about a
-   minute on two cores) with `gpuctl launch`, unless one is already running.
+2. Launch the CPU DDP example (`config/examples/cpu-ddp.yaml`: two gloo processes, 1800
+   steps, about a minute on two idle cores; `--steps N` for fewer) with `gpuctl launch`,
+   unless one is already running.
 3. Open gputop on it, in the same terminal (as a child process: gpud itself never imports
    Textual). Quitting gputop leaves the daemon and the run going.
 

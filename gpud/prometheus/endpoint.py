@@ -57,7 +57,10 @@ def bind(address: str) -> socket.socket:
 
 
 def _float(value: float) -> str:
-    """Go's float formatting, as Prometheus writes values (prometheus-client's helper)."""
+    """Go's float formatting, as Prometheus writes values (prometheus-client's helper). Below
+    a million it is Python's own repr, without the helper's checks (NaN falls through)."""
+    if -1e6 < value < 1e6:
+        return repr(float(value))
     return str(prometheus_utils.floatToGoString(value))  # type: ignore[no-untyped-call]
 
 

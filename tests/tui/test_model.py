@@ -242,6 +242,6 @@ def test_simulated_gpus_map_to_runs_by_their_leases() -> None:
     assert held is not None and held[0].id == "late-1"
     assert model.gpu_holder(key, 3) is None
     rows = {run.id: run_row(run, scenes.T0) for run in model.sorted_runs()}
-    gpus = next(i for i, (label, _, _) in enumerate(COLUMNS) if label == "GPUS")
-    assert str(rows["late-1"][1][gpus]) == "4-7"
-    assert str(rows["wait-2"][1][1]) == "queued #1" and str(rows["wait-2"][1][gpus]) == "-"
+    gpus_at = next(i for i, (label, _, _) in enumerate(COLUMNS) if label == "GPUS")
+    assert str(rows["late-1"][1][gpus_at]) == "4-7"
+    assert str(rows["wait-2"][1][1]) == "queued #1" and str(rows["wait-2"][1][gpus_at]) == "-"
