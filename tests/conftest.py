@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.daemons import RunningDaemon, start_daemon
+from tests.support.slurm import LocalSlurm, missing
 
 
 @pytest.fixture(autouse=True)
@@ -45,3 +48,17 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., RunningDaemon]]:
 @pytest.fixture
 def daemon(daemons: Callable[..., RunningDaemon]) -> RunningDaemon:
     return daemons()
+
+
+@pytest.fixture
+def slurm() -> Iterator[LocalSlurm]:
+    """A real two-node Slurm on loopback (tests/support/slurm.py); skipped, saying why,
+    where Slurm is not installed. `.ci/run` installs it."""
+    why = missing()
+    if why is not None:
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))  # short: a unix socket lives here
+    cluster = LocalSlurm(root).start()
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(root, ignore_errors=True)

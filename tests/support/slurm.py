@@ -1,0 +1,204 @@
+"""A real Slurm cluster on loopback, for tests and for trying `--slurm` by hand: Debian's
+`slurm-wlm` and `munge`, with munged, slurmctld and two slurmd (nodes n1 and n2, on one
+host, each with 2 CPUs and 4 fake GRES GPUs) as plain processes, and a generated
+`slurm.conf` that needs neither systemd nor cgroup delegation (proctrack/linuxproc,
+task/none, select/cons_tres, no accounting: `sacct` is off, `squeue` is the truth).
+
+By hand (as root, as slurmd must be):
+
+    python -m tests.support.slurm up /tmp/slurm     # prints: export SLURM_CONF=...
+    export SLURM_CONF=/tmp/slurm/slurm.conf; sinfo; sbatch ...
+    python -m tests.support.slurm down /tmp/slurm
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
+NODES = ("n1", "n2")
+GPUS_PER_NODE = 4
+CPUS_PER_NODE = 2
+START_TIMEOUT_S = 30.0
+
+
+def missing() -> str | None:
+    """Why a local cluster cannot start here, or None."""
+    absent = [b for b in BINARIES if shutil.which(b) is None]
+    if absent:
+        return f"Slurm is not installed ({', '.join(absent)} missing; Debian: slurm-wlm munge)"
+    if os.geteuid() != 0:
+        return "a local Slurm needs root: slurmd launches jobs as their user"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _conf(root: Path, ports: dict[str, int]) -> str:
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    host = socket.gethostname()
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={ports[n]} "
+        f"CPUs={CPUS_PER_NODE} RealMemory=2000 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
+        for n in NODES
+    )
+    return f"""\
+ClusterName=gpudtest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ports["ctld"]}
+SlurmdPort={ports[NODES[0]]}
+SlurmUser={user}
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={root}/munge/munge.sock
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.%n.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
+MpiDefault=none
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+GresTypes=gpu
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=600
+MessageTimeout=10
+{nodes}
+PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@dataclass
+class LocalSlurm:
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 30) -> str:
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, **self.env},
+        )  # fmt: skip
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
+        return done.stdout
+
+    def start(self) -> LocalSlurm:
+        root = self.root
+        for sub in ("munge", "state", "log", "dev", *(f"spool/{n}" for n in NODES)):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / "munge").chmod(0o700)
+        key = root / "munge" / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o400)
+        for i in range(GPUS_PER_NODE):
+            (root / "dev" / f"nvidia{i}").touch()
+        ports = {"ctld": _free_port(), **{n: _free_port() for n in NODES}}
+        self.conf.write_text(_conf(root, ports))
+        (root / "gres.conf").write_text(
+            f"NodeName={','.join(NODES)} Name=gpu File={root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+        )
+        self.env = {"SLURM_CONF": str(self.conf)}
+        m = root / "munge"
+        self.run("munged", "--force", f"--socket={m}/munge.sock", f"--key-file={key}",
+                 f"--log-file={m}/munged.log", f"--pid-file={m}/munged.pid",
+                 f"--seed-file={m}/munged.seed")  # fmt: skip
+        self.run("slurmctld", "-f", str(self.conf), "-i")
+        for node in NODES:
+            self.run("slurmd", "-f", str(self.conf), "-N", node)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        states = ""
+        while time.monotonic() < deadline:
+            states = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
+            if sorted(line.split()[1] for line in states.splitlines()) == ["idle"] * len(NODES):
+                return self
+            time.sleep(0.2)
+        logs = (root / "log" / "slurmctld.log").read_text(errors="replace")[-2000:]
+        self.stop()
+        raise RuntimeError(f"the local Slurm did not come up: {states!r}\n{logs}")
+
+    def stop(self) -> None:
+        """Cancel every job, stop the daemons (by their pid files), and wait for them."""
+        self.run("scancel", "--full", "--user", pwd.getpwuid(os.geteuid()).pw_name, check=False)
+        pids = []
+        for name in ("slurmctld.pid", *(f"slurmd.{n}.pid" for n in NODES), "munge/munged.pid"):
+            try:
+                pids.append(int((self.root / name).read_text().strip()))
+            except (OSError, ValueError):
+                continue
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        deadline = time.monotonic() + 15
+        for pid in pids:
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def state_of(self, job_id: str) -> tuple[str, str]:
+        """(state, reason) from squeue; ("", "") once the job has left it."""
+        out = self.run("squeue", "-h", "-j", job_id, "-o", "%T|%r", check=False).strip()
+        state, _, reason = out.partition("|")
+        return state, reason
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("up", "down"):
+        print("usage: python -m tests.support.slurm up|down DIR", file=sys.stderr)
+        return 2
+    why = missing()
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    cluster = LocalSlurm(Path(argv[1]).resolve())
+    if argv[0] == "up":
+        cluster.start()
+        print(f"export SLURM_CONF={cluster.conf}")
+    else:
+        cluster.env = {"SLURM_CONF": str(cluster.conf)}
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
