@@ -174,6 +174,54 @@ class ResumeSettings(SpecModel):
     )
 
 
+#: Slurm's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED).
+SLURM_TIME = re.compile(
+    r"^(UNLIMITED|\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?)$"
+)
+SLURM_WORD = r"^[A-Za-z0-9_.,:+=@%/-]+$"
+
+
+class SlurmSettings(SpecModel):
+    """Run under Slurm (`gpuctl launch --slurm`): the allocation sbatch asks for."""
+
+    partition: str | None = Field(None, pattern=SLURM_WORD)
+    account: str | None = Field(None, pattern=SLURM_WORD)
+    qos: str | None = Field(None, pattern=SLURM_WORD)
+    time: str | None = Field(None, description="time limit: MM, HH:MM:SS, D-HH:MM, ...")
+    nodes: int = Field(1, ge=1, description="nodes in the allocation (one part each)")
+    gpus_per_node: int | None = Field(
+        None, ge=0, description="GPUs per node (default: the spec's `gpus` when a count)"
+    )
+    cpus_per_task: int | None = Field(None, ge=1)
+    mem: str | None = Field(None, pattern=r"^\d+[KMGT]?$", description="per node, e.g. 64G")
+    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.,:&|*\[\]()-]+$")
+    exclusive: bool = False
+    extra: list[str] = Field(
+        default_factory=list, description="more sbatch flags, each `--flag` or `--flag=value`"
+    )
+    requeue: bool = Field(False, description="requeue on the time-limit signal or preemption")
+    signal_before_s: int = Field(
+        120, ge=1, le=65535, description="seconds before the time limit to stop with a checkpoint"
+    )
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # minutes, as YAML reads `time: 30`
+        if isinstance(value, str) and not SLURM_TIME.match(value):
+            raise ValueError(f"{value!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM, ...)")
+        return value
+
+    @field_validator("extra")
+    @classmethod
+    def _extra(cls, value: list[str]) -> list[str]:
+        for flag in value:
+            if not flag.startswith("--") or "\n" in flag:
+                raise ValueError(f"{flag!r}: each extra sbatch flag is one `--flag[=value]`")
+        return value
+
+
 class RestartSettings(SpecModel):
     max_attempts: int = Field(0, ge=0, le=1000, description="automatic restarts after failure")
     backoff_s: float = Field(10.0, ge=0, le=3600, description="wait before the first restart")
@@ -305,6 +353,9 @@ class RunSpec(SpecModel):
     )
     nccl: NcclSettings = Field(default_factory=NcclSettings)
     wandb: WandbSettings | None = None
+    slurm: SlurmSettings | None = Field(
+        None, description="submit to Slurm instead of gpud's nodes (`gpuctl launch --slurm`)"
+    )
 
     @field_validator("nproc_per_node", mode="before")
     @classmethod

@@ -105,6 +105,22 @@ def _start(
     return reply, joins
 
 
+def _slurm_launch(spec: RunSpec, dry_run: bool) -> None:
+    from launch import slurm
+
+    if not dry_run:
+        fail(
+            "submitting to Slurm is not built yet (issue 12): --dry-run prints the batch script",
+            EXIT_USAGE,
+        )
+    run_id = slurm.new_run_id(spec)
+    python = spec.python or sys.executable
+    try:
+        click.echo(slurm.render(spec, run_id, slurm.run_dir_for(spec, run_id), python), nl=False)
+    except slurm.SlurmScriptError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
 def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
     try:
         with Client(coordinator, timeout_s=ctl.timeout) as client:
@@ -132,6 +148,11 @@ def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
     is_flag=True,
     help="If its GPUs are busy, wait for them in the queue (first come, first served).",
 )
+@click.option(
+    "--slurm",
+    is_flag=True,
+    help="Run under Slurm (the spec's `slurm:` section); with --dry-run, print the batch script.",
+)
 @json_option
 @click.pass_obj
 def launch_command(
@@ -142,12 +163,16 @@ def launch_command(
     wait: bool,
     dry_run: bool,
     queue: bool,
+    slurm: bool,
 ) -> None:
     """Launch the run described by CONFIG (a YAML run spec) on its nodes."""
     try:
         spec = load_spec(config, list(overrides), name)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
+    if slurm or spec.slurm is not None:
+        _slurm_launch(spec, dry_run)
+        return
     targets = _targets(ctl, spec)
     try:
         reply, joins = _start(ctl, spec, targets, dry_run, queue or spec.queue)

@@ -4,11 +4,14 @@ reason."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.daemons import gpuctl
 from tests.support.slurm import LocalSlurm
 
 pytestmark = pytest.mark.slow
@@ -54,3 +57,24 @@ def test_a_job_that_cannot_start_waits_with_slurms_reason(
     assert state == "PENDING" and reason in {"Resources", "Priority"}, (state, reason)
     slurm.run("scancel", hold)
     wait_gone(slurm, waiting)
+
+
+def test_sbatch_accepts_the_script_gpuctl_renders(slurm: LocalSlurm, tmp_path: Path) -> None:
+    spec = tmp_path / "run.yaml"
+    spec.write_text(
+        "name: on-slurm\nscript: train.py\ngpus: 2\n"
+        "slurm: {nodes: 2, time: '00:10:00', requeue: true, signal_before_s: 30}\n"
+    )
+    rendered = gpuctl("launch", str(spec), "--dry-run")  # a slurm: section means --slurm
+    assert rendered.returncode == 0, rendered.stderr
+    script = tmp_path / "job.sh"
+    script.write_text(rendered.stdout)
+    checked = subprocess.run(
+        ["sbatch", "--test-only", str(script)], capture_output=True, text=True,
+        env={**os.environ, **slurm.env}, timeout=30,
+    )  # fmt: skip
+    # sbatch --test-only validates every directive and says when the job would start.
+    assert checked.returncode == 0, checked.stderr
+    assert "to start at" in checked.stderr and "n[1-2]" in checked.stderr
+    refused = gpuctl("launch", str(spec))  # submitting is the next step of issue 12
+    assert refused.returncode == 2 and "--dry-run" in refused.stderr
