@@ -1,4 +1,4 @@
-"""A run under Slurm: the batch script `gpuctl launch --slurm` submits (issue 12, in progress).
+"""A run under Slurm: the batch script `gpuctl launch --slurm` submits (issue 12).
 
 The scheduler owns the allocation, its cgroups and its cleanup; the script only starts the
 run's part on every node, one srun task per node, and turns Slurm's signals into gpud's
@@ -11,7 +11,8 @@ stop-with-checkpoint:
 - `gpuctl stop`: USR2 to the batch shell, the same stop without the requeue;
 - `gpuctl stop --force`: `scancel`.
 
-Rendezvous is on the first host of the allocation (`scontrol show hostnames`), on a port
+Rendezvous is on the first host of the allocation (`scontrol show hostnames`, at its
+NodeAddr), on a port
 derived from the job id, with the job id as the rendezvous id. Every value that reaches the
 script is validated by the spec (names, Slurm words) and shell-quoted here.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from launch.spec import RunSpec, SlurmSettings
 
 #: The part runner each srun task starts (`python -m PART_RUNNER <run-dir>/slurm.json`).
-PART_RUNNER = "launch.slurm_part"
+PART_RUNNER = "gpud.slurm.part"
 #: MASTER_PORT = PORT_BASE + job id % PORT_SPAN: two jobs on one first host rarely clash.
 PORT_BASE = 20000
 PORT_SPAN = 20000
@@ -39,6 +40,39 @@ def new_run_id(spec: RunSpec) -> str:
 def run_dir_for(spec: RunSpec, run_id: str) -> str:
     """Where a Slurm run keeps its files: under its workdir, which every node must see."""
     return str(Path(spec.workdir or ".").resolve() / "gpud-runs" / run_id)
+
+
+#: Slurm job states (squeue's %T) as gpud's run states.
+STATES = {
+    "PENDING": "queued",
+    "REQUEUED": "queued",
+    "REQUEUE_HOLD": "queued",
+    "REQUEUE_FED": "queued",
+    "RESIZING": "queued",
+    "CONFIGURING": "starting",
+    "RUNNING": "running",
+    "COMPLETING": "stopping",
+    "STOPPED": "stopping",
+    "SIGNALING": "stopping",
+    "STAGE_OUT": "stopping",
+    "SUSPENDED": "stopping",
+    "COMPLETED": "succeeded",
+    "FAILED": "failed",
+    "NODE_FAIL": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "BOOT_FAIL": "failed",
+    "DEADLINE": "failed",
+    "TIMEOUT": "stopped",
+    "PREEMPTED": "stopped",
+    "CANCELLED": "stopped",
+    "REVOKED": "stopped",
+    "SPECIAL_EXIT": "failed",
+}
+
+
+def run_state(slurm_state: str) -> str:
+    """gpud's state for a Slurm job state; `CANCELLED by 0` and the like included."""
+    return STATES.get(slurm_state.split(maxsplit=1)[0] if slurm_state else "", "failed")
 
 
 class SlurmScriptError(ValueError):
@@ -97,7 +131,10 @@ def render(spec: RunSpec, run_id: str, run_dir: str, python: str) -> str:
         "set -u",
         f"export GPUD_RUN_ID={q(run_id)} GPUD_RUN_DIR={q(run_dir)}",
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'export GPUD_MASTER_ADDR="$first"',
+        "# The node's address as Slurm knows it (NodeAddr), else its name.",
+        'addr=$(scontrol show node "$first" 2>/dev/null'
+        ' | sed -n "s/^ *NodeAddr=\\([^ ]*\\).*/\\1/p")',
+        'export GPUD_MASTER_ADDR="${addr:-$first}"',
         f"export GPUD_MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))",
         'export GPUD_RDZV_ID="$SLURM_JOB_ID"',
         'stopping=""',
@@ -110,9 +147,14 @@ def render(spec: RunSpec, run_id: str, run_dir: str, python: str) -> str:
         "step=$!",
         "# `wait` returns early when a trapped signal arrives: wait until srun has ended.",
         'while wait "$step"; code=$?; kill -0 "$step" 2>/dev/null; do :; done',
-        f'if [ "$stopping" = time_limit ] && {requeue}; then',
-        '    scontrol requeue "$SLURM_JOB_ID"',
-        "fi",
+        "requeue=false",
+        f'if [ "$stopping" = time_limit ] && {requeue}; then requeue=true; fi',
+        "# How this run of the job ended, for gpuctl (squeue forgets, sacct may be off).",
+        'printf \'{"job": "%s", "restart": %s, "code": %s, "stopping": "%s",'
+        ' "requeued": %s}\\n\' \\',
+        '    "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$code" "$stopping" "$requeue" \\',
+        '    >> "$GPUD_RUN_DIR/ends.jsonl"',
+        '"$requeue" && scontrol requeue "$SLURM_JOB_ID"',
         'exit "$code"',
     ]
     return "\n".join(lines) + "\n"

@@ -40,6 +40,25 @@ def _mtime(path: str) -> float | None:
         return None
 
 
+def newest_checkpoint(
+    pattern: str, checkpoint_dir: str, created_at: float
+) -> tuple[str | None, str | None]:
+    """The newest match of `pattern` (relative to `checkpoint_dir`) written since the run
+    was created, and a note on older matches passed over (another run's, most likely)."""
+    if not os.path.isabs(pattern):
+        pattern = os.path.join(checkpoint_dir, pattern)
+    candidates = [p for p in glob.glob(pattern) if not os.path.basename(p).startswith(".")]
+    dated = [(when, p) for p in candidates if (when := _mtime(p)) is not None]
+    ours = [(when, p) for when, p in dated if when >= created_at]
+    older = len(dated) - len(ours)
+    passed_over = (
+        f"passed over {older} older match(es) of {pattern} written before the run was created"
+        if older
+        else None
+    )
+    return (max(ours)[1] if ours else None), passed_over
+
+
 def find_checkpoint(run: RunRecord) -> ResumePoint:
     """The checkpoint a new attempt starts from, as `resume.latest` says to find it."""
     spec = parse_spec(run.spec)
@@ -49,24 +68,12 @@ def find_checkpoint(run: RunRecord) -> ResumePoint:
         return ResumePoint(reported.path, reported.step)
     if how == "reported":
         return ResumePoint(None, note="the trainer reported no checkpoint")
-    pattern = spec.resume.pattern
-    if not os.path.isabs(pattern):
-        pattern = os.path.join(run.checkpoint_dir, pattern)
-    candidates = [p for p in glob.glob(pattern) if not os.path.basename(p).startswith(".")]
-    dated = [(when, p) for p in candidates if (when := _mtime(p)) is not None]
-    ours = [(when, p) for when, p in dated if when >= run.created_at]
-    older = len(dated) - len(ours)
-    passed_over = (
-        f"passed over {older} older match(es) of {pattern} written before the run was created"
-        if older
-        else None
-    )
-    if ours:
-        path = max(ours)[1]
+    path, passed_over = newest_checkpoint(spec.resume.pattern, run.checkpoint_dir, run.created_at)
+    if path is not None:
         step = reported.step if reported and reported.path == path else None
         return ResumePoint(path, step, passed_over)
-    return ResumePoint(None, note=f"no checkpoint of this run; {passed_over}" if older else
-                       "no checkpoint of this run")  # fmt: skip
+    return ResumePoint(None, note=f"no checkpoint of this run; {passed_over}" if passed_over
+                       else "no checkpoint of this run")  # fmt: skip
 
 
 def explicit_checkpoint(path: str) -> ResumePoint:

@@ -31,6 +31,7 @@ from gpud.protocol import (
 from gpud.runmodel import RunState
 from launch.gpuctl.context import (
     DEFAULT_NODE,
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     Ctl,
@@ -105,20 +106,32 @@ def _start(
     return reply, joins
 
 
-def _slurm_launch(spec: RunSpec, dry_run: bool) -> None:
+def _slurm_launch(ctl: Ctl, spec: RunSpec, dry_run: bool) -> None:
     from launch import slurm
+    from launch.gpuctl import slurm_jobs
 
-    if not dry_run:
-        fail(
-            "submitting to Slurm is not built yet (issue 12): --dry-run prints the batch script",
-            EXIT_USAGE,
-        )
-    run_id = slurm.new_run_id(spec)
     python = spec.python or sys.executable
+    if dry_run:
+        run_id = slurm.new_run_id(spec)
+        try:
+            click.echo(
+                slurm.render(spec, run_id, slurm.run_dir_for(spec, run_id), python), nl=False
+            )
+        except slurm.SlurmScriptError as exc:
+            fail(str(exc), EXIT_USAGE)
+        return
     try:
-        click.echo(slurm.render(spec, run_id, slurm.run_dir_for(spec, run_id), python), nl=False)
-    except slurm.SlurmScriptError as exc:
+        run = slurm_jobs.create(spec, python)
+    except (slurm.SlurmScriptError, OSError) as exc:
         fail(str(exc), EXIT_USAGE)
+    try:
+        job = slurm_jobs.submit(run, attempt_base=1)
+    except slurm_jobs.SlurmError as exc:
+        fail(str(exc), EXIT_FAILED)
+    if ctl.json:
+        emit_json({"run": {"id": run.id, "slurm_job": job, "run_dir": str(run.run_dir)}})
+    else:
+        click.echo(f"submitted {run.id} as Slurm job {job}; its files: {run.run_dir}")
 
 
 def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
@@ -171,7 +184,7 @@ def launch_command(
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
     if slurm or spec.slurm is not None:
-        _slurm_launch(spec, dry_run)
+        _slurm_launch(ctl, spec, dry_run)
         return
     targets = _targets(ctl, spec)
     try:

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from gpud.client import Client, ClientError
+from gpud.client import Client, ClientError, known_targets
 from gpud.protocol import (
     RUN_LIST,
     RUN_LOGS,
@@ -30,6 +30,7 @@ from gpud.runmodel import (
     gpus_text,
     steps_text,
 )
+from launch.gpuctl import slurm_jobs, slurm_verbs
 from launch.gpuctl.completion import run_argument
 from launch.gpuctl.context import (
     EXIT_FAILED,
@@ -66,16 +67,27 @@ def _where(run: RunSummary) -> str:
     return name + (f"+{len(run.nodes) - 1}" if len(run.nodes) > 1 else "")
 
 
+def _any_node_known() -> bool:
+    try:
+        return bool(known_targets())
+    except ClientError:
+        return False
+
+
 @click.command("ps")
 @click.option("--active", is_flag=True, help="Only runs that have not ended.")
 @json_option
 @click.pass_obj
 def ps_command(ctl: Ctl, active: bool) -> None:
-    """Runs across the nodes (newest first), one row per run; NODE is where it runs."""
-    results = ctl.on_every_node(
-        lambda client: client.call(RUN_LIST, ListRequest(active_only=active))
-    )
-    merged: dict[str, RunSummary] = {}
+    """Runs across the nodes and Slurm (newest first), one row per run; NODE is where it
+    runs (`slurm:JOB` for a run under Slurm)."""
+    on_slurm = [] if ctl.nodes else slurm_verbs.summaries(active)
+    results = []
+    if not (on_slurm and not _any_node_known()):
+        results = ctl.on_every_node(
+            lambda client: client.call(RUN_LIST, ListRequest(active_only=active))
+        )
+    merged: dict[str, RunSummary] = {r.id: r for r in on_slurm}
     gpus: dict[str, dict[int, list[int]]] = {}  # run → node rank → GPUs held there
     for result in results:
         if isinstance(result.value, RunList):
@@ -133,6 +145,9 @@ def ps_command(ctl: Ctl, active: bool) -> None:
 @click.pass_obj
 def status_command(ctl: Ctl, run: str) -> None:
     """One run in detail: state and why, every node's part, attempts, recent events."""
+    if (on_slurm := slurm_jobs.find(run)) is not None:
+        slurm_verbs.status(ctl, on_slurm)
+        return
     found = find_run(ctl, run)
     status = found.status
     if ctl.json:
@@ -230,6 +245,9 @@ def _exit_text(code: int | None, signal: int | None) -> str:
 @click.pass_obj
 def stop_command(ctl: Ctl, run: str, force: bool, no_wait: bool) -> None:
     """Stop a run: ask its trainers to checkpoint and exit, then signal what is left."""
+    if (on_slurm := slurm_jobs.find(run)) is not None:
+        slurm_verbs.stop(ctl, on_slurm, force, no_wait)
+        return
     found = find_run(ctl, run)
     if found.status.run.state.terminal:
         _finish(ctl, found, f"{found.id} already {found.status.run.state.value}")
@@ -288,6 +306,9 @@ def resume_command(ctl: Ctl, run: str, wait: bool, queue: bool, checkpoint: str 
     Only a checkpoint the run wrote counts: one its trainer reported, or a match of
     resume.pattern written after the run was created. Without one the attempt starts from
     scratch (or is refused, with resume.require_checkpoint)."""
+    if (on_slurm := slurm_jobs.find(run)) is not None:
+        slurm_verbs.resume(ctl, on_slurm, checkpoint)
+        return
     found = find_run(ctl, run)
     if checkpoint is not None:
         checkpoint = os.path.abspath(checkpoint)
@@ -334,6 +355,9 @@ def logs_command(
     attempt: int | None,
 ) -> None:
     """A run's captured output (every rank's lines, with torchrun's rank prefixes)."""
+    if (on_slurm := slurm_jobs.find(run)) is not None:
+        slurm_verbs.logs(on_slurm, tail)
+        return
     found = find_run(ctl, run)
     ranks = _pick_nodes(found, node)
     offsets: dict[int, int | None] = {r: None for r in ranks}

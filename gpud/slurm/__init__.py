@@ -1,0 +1,1 @@
+"""Runs under Slurm: the part runner srun starts on every node of a job (issue 12)."""

@@ -1,0 +1,140 @@
+"""The part runner: what `srun` starts, one task per node, in a Slurm job's batch script.
+
+    python -m gpud.slurm.part <run-dir>/slurm.json
+
+It places this node's part from Slurm's environment (the node's index in the job, the
+job's node count, the first host as the rendezvous host), builds the launcher's command
+with the same code a gpud launch uses (`launch.backends.build_command`), and runs it
+through the same shim (`gpud.runs.shim`): its own process group, the log in the attempt
+dir, leftovers ended, `exit.json` written. The processes stay in the job's cgroup, so
+Slurm's accounting, limits and cleanup hold.
+
+Attempts: the job's first run is attempt `attempt_base` (1 for a new run, the next number
+for `gpuctl resume`), each Slurm requeue adds one (SLURM_RESTART_COUNT), and every attempt
+after the first resumes from the newest checkpoint the run wrote.
+
+A stop arrives as SIGTERM to every process of the step (Slurm signals them all): the
+trainers checkpoint and exit, and this runner waits for them rather than die first and
+let slurmstepd kill the step mid-checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpud.runs import shim
+from gpud.runs.checkpoints import newest_checkpoint
+from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
+from launch.spec import RunSpec, parse_spec
+
+
+class SlurmEnvError(RuntimeError):
+    """Not inside a Slurm job step (one line that says what is missing)."""
+
+
+def _need(env: Mapping[str, str], *names: str) -> str:
+    for name in names:
+        if env.get(name):
+            return env[name]
+    raise SlurmEnvError(f"{names[0]} is not set: run this under srun, inside a Slurm job")
+
+
+def visible_gpus(env: Mapping[str, str]) -> int:
+    """The GPUs Slurm gave this task (CUDA_VISIBLE_DEVICES), 0 on CPU-only nodes."""
+    devices = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return len([d for d in devices.split(",") if d.strip()]) if devices else 0
+
+
+def attempt_of(config: Mapping[str, Any], env: Mapping[str, str]) -> int:
+    return int(config.get("attempt_base", 1)) + int(env.get("SLURM_RESTART_COUNT") or 0)
+
+
+def placement(
+    spec: RunSpec, config: Mapping[str, Any], env: Mapping[str, str], python: str
+) -> Placement:
+    run_dir = Path(config["run_dir"])
+    attempt = attempt_of(config, env)
+    checkpoint_dir = spec.checkpoint.dir or str(run_dir / "checkpoints")
+    resume_from = config.get("resume_from") if attempt == config.get("attempt_base", 1) else None
+    if attempt > 1 and resume_from is None:
+        resume_from, _ = newest_checkpoint(
+            spec.resume.pattern, checkpoint_dir, float(config["created_at"])
+        )
+    gpus = visible_gpus(env)
+    return Placement(
+        run_id=str(config["run_id"]),
+        attempt=attempt,
+        node_name=env.get("SLURMD_NODENAME") or os.uname().nodename,
+        node_rank=int(_need(env, "SLURM_NODEID")),
+        nnodes=int(_need(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")),
+        nproc_per_node=resolve_nproc(spec, gpus),
+        master_addr=_need(env, "GPUD_MASTER_ADDR"),
+        master_port=int(_need(env, "GPUD_MASTER_PORT")),
+        gpu_count=gpus,
+        python=python,
+        run_dir=str(run_dir),
+        attempt_dir=str(run_dir / f"attempt-{attempt}" / f"node-{env.get('SLURM_NODEID', 0)}"),
+        checkpoint_dir=checkpoint_dir,
+        ingest="",  # no daemon: the trainers write metrics.jsonl in the run dir
+        control="",
+        resume_from=resume_from,
+        hints=resolve_hints(spec.training, None),
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m gpud.slurm.part <run-dir>/slurm.json", file=sys.stderr)
+        return 2
+    # A stop is SIGTERM to every process of the step: the trainers act on theirs; this
+    # runner outlives them, so that the step ends when they have.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        config = json.loads(Path(argv[0]).read_text())
+        spec = parse_spec(config["spec"])
+        place = placement(spec, config, os.environ, config.get("python") or sys.executable)
+    except (OSError, ValueError, KeyError, SlurmEnvError) as exc:
+        print(f"gpud.slurm.part: error: {exc}", file=sys.stderr)
+        return 2
+    command = build_command(spec, place)
+    attempt_dir = Path(place.attempt_dir)
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in command.files.items():
+        (attempt_dir / name).write_text(content)
+    (attempt_dir / "part.json").write_text(
+        json.dumps(
+            {"node_rank": place.node_rank, "node": place.node_name, "nproc": place.nproc_per_node}
+        )
+    )
+    shim_spec = attempt_dir / "shim.json"
+    shim_spec.write_text(
+        json.dumps(
+            {
+                "argv": command.argv,
+                "env": command.environ(dict(os.environ)),
+                "cwd": command.cwd,
+                "log": str(attempt_dir / "output.log"),
+            }
+        )
+    )
+    print(
+        f"[gpud] {place.run_id} attempt {place.attempt}: node {place.node_rank}/{place.nnodes}"
+        f" ({place.node_name}), {place.nproc_per_node} process(es), rendezvous"
+        f" {place.master_addr}:{place.master_port}"
+        + (f", resuming from {place.resume_from}" if place.resume_from else ""),
+        flush=True,
+    )
+    shim.run(shim_spec)
+    ended = json.loads((attempt_dir / "exit.json").read_text())
+    code = ended.get("exit_code")
+    return int(code) if code is not None else 128 + int(ended.get("signal") or 9)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

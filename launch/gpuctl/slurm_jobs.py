@@ -1,0 +1,284 @@
+"""gpuctl's side of runs under Slurm: submit, find, describe, stop (issue 12).
+
+A Slurm run lives in its run dir on shared storage (`<workdir>/gpud-runs/<run-id>`):
+`slurm.json` (what the part runner needs), `job.sh` (the batch script), `jobs.jsonl` (each
+job submitted for it), `ends.jsonl` (how each run of a job ended, written by the script),
+`metrics.jsonl` (rank 0's metrics, from the trainers library) and the attempts' logs.
+gpuctl remembers the run dirs it submitted in `$GPUD_CONFIG_DIR/slurm-runs.json`.
+
+State comes from `squeue` while Slurm remembers the job (`-t all`: MinJobAge after it
+ends), then from `ends.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpud.paths import atomic_write, config_dir, exclusive
+from gpud.protocol import RunSummary
+from gpud.runmodel import ECHO_KINDS, ExitInfo, FailureCause, NodeRef, RunState
+from gpud.runs.causes import find_cause
+from launch import slurm
+from launch.spec import RunSpec
+
+INDEX = "slurm-runs.json"
+#: How much of metrics.jsonl is read for the latest step and values.
+METRICS_TAIL_BYTES = 64 * 1024
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or is missing (one line that says what to fix)."""
+
+
+def _slurm(*argv: str, timeout: float = 30) -> str:
+    try:
+        done = subprocess.run(
+            list(argv), check=False, capture_output=True, text=True, timeout=timeout
+        )
+    except FileNotFoundError:
+        raise SlurmError(
+            f"{argv[0]} is not installed here: run gpuctl on a Slurm login node"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{argv[0]} did not answer in {timeout:.0f} s") from None
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        raise SlurmError(f"{argv[0]}: {why[-1] if why else f'exit code {done.returncode}'}")
+    return done.stdout
+
+
+def _index_path() -> Path:
+    return config_dir() / INDEX
+
+
+def _index() -> dict[str, str]:
+    try:
+        data = json.loads(_index_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash
+        if isinstance(item, dict):
+            found.append(item)
+    return found
+
+
+def _append(path: Path, item: dict[str, Any]) -> None:
+    with open(path, "a") as out:
+        out.write(json.dumps(item) + "\n")
+
+
+@dataclass
+class SlurmRun:
+    run_dir: Path
+    config: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.config["run_id"])
+
+    @property
+    def name(self) -> str:
+        return str(self.config["name"])
+
+    @property
+    def jobs(self) -> list[dict[str, Any]]:
+        return _jsonl(self.run_dir / "jobs.jsonl")
+
+    @property
+    def job(self) -> str | None:
+        jobs = self.jobs
+        return str(jobs[-1]["job"]) if jobs else None
+
+    def ends(self, job: str) -> list[dict[str, Any]]:
+        return [e for e in _jsonl(self.run_dir / "ends.jsonl") if str(e.get("job")) == job]
+
+    def latest_metrics(self) -> tuple[int | None, dict[str, float]]:
+        path = self.run_dir / "metrics.jsonl"
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - METRICS_TAIL_BYTES))
+                tail = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return None, {}
+        for line in reversed(tail):
+            try:
+                item = json.loads(line)
+                return int(item["step"]), {
+                    k: float(v) for k, v in item["values"].items() if isinstance(v, int | float)
+                }
+            except (ValueError, KeyError, TypeError):
+                continue
+        return None, {}
+
+    def cause(self) -> FailureCause | None:
+        """Why the latest attempt failed, read from its nodes' files as gpud reads a part's
+        (error files, torchrun's summary, tracebacks, signals); the earliest wins."""
+        attempts = sorted(
+            self.run_dir.glob("attempt-*"), key=lambda p: int(p.name.removeprefix("attempt-"))
+        )
+        found = []
+        for node_dir in sorted(attempts[-1].glob("node-*")) if attempts else []:
+            try:
+                ended = json.loads((node_dir / "exit.json").read_text())
+                text = (node_dir / "output.log").read_text(errors="replace")
+                nproc = int(json.loads((node_dir / "part.json").read_text())["nproc"])
+            except (OSError, ValueError, KeyError):
+                continue
+            if not ended.get("exit_code") and not ended.get("signal"):
+                continue
+            node_rank = int(node_dir.name.removeprefix("node-"))
+            exit_info = ExitInfo(exit_code=ended.get("exit_code"), signal=ended.get("signal"))
+            found.append(find_cause(node_dir, text, exit_info, node_rank=node_rank, nproc=nproc))
+        if not found:
+            return None
+        return min(found, key=lambda c: (c.kind in ECHO_KINDS, c.time or float("inf")))
+
+    def state(self) -> tuple[RunState, str, int]:
+        """(state, reason, attempt) from squeue, else from the script's end records."""
+        job = self.job
+        base = int(self.jobs[-1].get("attempt_base", 1)) if self.jobs else 1
+        if job is None:
+            return RunState.FAILED, "never submitted", base
+        line = _slurm("squeue", "-h", "-t", "all", "-j", job, "-o", "%T|%r|%S").strip()
+        ends = self.ends(job)
+        attempt = base + sum(1 for e in ends if e.get("requeued"))
+        if line:
+            slurm_state, _, reason = line.splitlines()[0].partition("|")
+            reason = reason.split("|")[0]
+            state = RunState(slurm.run_state(slurm_state))
+            if not state.terminal:
+                why = f"Slurm job {job}: {slurm_state}"
+                if reason and reason != "None":
+                    why += f" ({reason})"
+                return state, why, attempt
+        if ends:
+            end = ends[-1]
+            code, stopping = int(end.get("code", 1)), str(end.get("stopping") or "")
+            if stopping == "stop":
+                return RunState.STOPPED, f"stopped (gpuctl stop); Slurm job {job}", attempt
+            if stopping == "time_limit":
+                return RunState.STOPPED, f"stopped at the time limit; Slurm job {job}", attempt
+            if code == 0:
+                return RunState.SUCCEEDED, f"Slurm job {job} completed", attempt
+            cause = self.cause()
+            why = f"{cause.kind.value}: {cause.summary}" if cause else f"exit code {code}"
+            return RunState.FAILED, f"{why}; Slurm job {job}", attempt
+        if line:
+            slurm_state = line.split("|")[0]
+            why = f"Slurm job {job}: {slurm_state}"
+            return RunState(slurm.run_state(slurm_state)), why, attempt
+        return RunState.FAILED, f"Slurm job {job} is gone and left no end record", attempt
+
+    def summary(self) -> RunSummary:
+        state, reason, attempt = self.state()
+        last_step, values = self.latest_metrics()
+        spec = self.config["spec"]
+        return RunSummary(
+            id=self.id,
+            name=self.name,
+            state=state,
+            state_since=time.time(),
+            reason=reason,
+            attempt=attempt,
+            created_at=float(self.config["created_at"]),
+            node_rank=0,
+            nodes=[
+                NodeRef(control=f"slurm:{self.job}", name=f"slurm:{self.job}")
+                for _ in range(int((spec.get("slurm") or {}).get("nodes") or 1))
+            ],
+            launcher=str(spec.get("launcher", "torchrun")),
+            last_step=last_step,
+            max_steps=(spec.get("training") or {}).get("max_steps"),
+            last_values=values,
+        )
+
+
+def known_runs() -> list[SlurmRun]:
+    found = []
+    for run_dir in _index().values():
+        try:
+            config = json.loads((Path(run_dir) / "slurm.json").read_text())
+        except (OSError, ValueError):
+            continue  # removed by hand
+        found.append(SlurmRun(Path(run_dir), config))
+    return found
+
+
+def find(ref: str) -> SlurmRun | None:
+    """The Slurm run `ref` names: its id, else the newest of that name."""
+    runs = known_runs()
+    exact = [r for r in runs if r.id == ref]
+    if exact:
+        return exact[0]
+    named = [r for r in runs if r.name == ref]
+    return max(named, key=lambda r: float(r.config["created_at"])) if named else None
+
+
+def submit(run: SlurmRun, attempt_base: int, resume_from: str | None = None) -> str:
+    """sbatch the run's script; returns the job id."""
+    run.config["attempt_base"] = attempt_base
+    run.config["resume_from"] = resume_from
+    atomic_write(run.run_dir / "slurm.json", json.dumps(run.config).encode(), mode=0o644)
+    out = _slurm("sbatch", "--parsable", str(run.run_dir / "job.sh"))
+    job = out.strip().split(";")[0]
+    if not job.isdigit():
+        raise SlurmError(f"sbatch answered {out.strip()!r}, not a job id")
+    _append(run.run_dir / "jobs.jsonl",
+            {"job": job, "attempt_base": attempt_base, "submitted_at": time.time(),
+             "resume_from": resume_from})  # fmt: skip
+    return job
+
+
+def create(spec: RunSpec, python: str) -> SlurmRun:
+    """A new run dir with its config and batch script, remembered in the index."""
+    run_id = slurm.new_run_id(spec)
+    run_dir = Path(slurm.run_dir_for(spec, run_id))
+    script = slurm.render(spec, run_id, str(run_dir), python)
+    run_dir.mkdir(parents=True, exist_ok=False)
+    config = {
+        "run_id": run_id,
+        "name": spec.name,
+        "spec": spec.model_dump(mode="json"),
+        "created_at": time.time(),
+        "run_dir": str(run_dir),
+        "python": python,
+    }
+    (run_dir / "job.sh").write_text(script)
+    index = _index_path()
+    with exclusive(index):
+        entries = _index()
+        entries[run_id] = str(run_dir)
+        atomic_write(index, json.dumps(entries, indent=1).encode())
+    return SlurmRun(run_dir, config)
+
+
+def stop(run: SlurmRun, force: bool) -> str:
+    """Ask the job to stop with a checkpoint (USR2 to its batch shell), or cancel it."""
+    job = run.job
+    if job is None:
+        raise SlurmError(f"run {run.id} has no Slurm job")
+    state, _, _ = run.state()
+    if force or state in (RunState.QUEUED, RunState.PENDING):
+        _slurm("scancel", job)  # nothing started: nothing to checkpoint
+    else:
+        _slurm("scancel", "--batch", "--signal=USR2", job)
+    return job

@@ -1,0 +1,175 @@
+"""`gpuctl launch --slurm` on a real local Slurm (issue 12): the CPU DDP example across two
+slurmd nodes, in `gpuctl ps` with its step and loss; stop with a checkpoint and resume;
+the time-limit signal, checkpoint and requeue; a failing script's cause; a job that waits
+with Slurm's reason. No gpud daemon runs: state comes from Slurm and the run's files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemons import gpuctl
+from tests.support.slurm import LocalSlurm
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def cluster(slurm: LocalSlurm, monkeypatch: pytest.MonkeyPatch) -> LocalSlurm:
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    return slurm
+
+
+def write_spec(tmp_path: Path, name: str, *, steps: int, **slurm: Any) -> Path:
+    spec = tmp_path / f"{name}.yaml"
+    settings = {"nodes": 2, "time": "00:10:00", **slurm}
+    spec.write_text(
+        json.dumps(  # YAML is a superset of JSON
+            {
+                "name": name,
+                "launcher": "torchrun",
+                "nproc_per_node": 1,
+                "backend": "gloo",
+                "workdir": str(tmp_path),
+                "script": str(ROOT / "trainers" / "examples" / "ddp.py"),
+                "args": ["--width", "128", "--depth", "2", "--log-every", "20"],
+                "training": {"max_steps": steps, "batch_size_per_gpu": 32},
+                "checkpoint": {"every_steps": 50},
+                "slurm": settings,
+            }
+        )
+    )
+    return spec
+
+
+def submit(spec: Path) -> tuple[str, str]:
+    done = gpuctl("--json", "launch", str(spec))
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout)["run"]
+    return str(run["id"]), str(run["slurm_job"])
+
+
+def ps(run_id: str) -> dict[str, Any]:
+    done = gpuctl("--json", "ps")
+    assert done.returncode == 0, done.stderr
+    return next(r for r in json.loads(done.stdout)["runs"] if r["id"] == run_id)
+
+
+def wait_until(
+    run_id: str, test: Callable[[dict[str, Any]], bool], timeout: float = 120
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    row = ps(run_id)
+    while time.monotonic() < deadline:
+        row = ps(run_id)
+        if test(row):
+            return row
+        time.sleep(1.0)
+    raise AssertionError(f"{run_id} never got there: {row}")
+
+
+def run_dir(tmp_path: Path, run_id: str) -> Path:
+    return tmp_path / "gpud-runs" / run_id
+
+
+def test_a_slurm_run_shows_in_ps_stops_with_a_checkpoint_and_resumes_from_it(
+    cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    run_id, job = submit(write_spec(tmp_path, "ddp-on-slurm", steps=100_000))
+    row = wait_until(run_id, lambda r: r["state"] == "running" and (r["last_step"] or 0) >= 60)
+    assert 0 < row["last_values"]["loss"] < 10 and row["attempt"] == 1
+    assert row["nodes"][0]["name"] == f"slurm:{job}" and len(row["nodes"]) == 2
+    text = gpuctl("ps")
+    assert f"slurm:{job}+1" in text.stdout and "running" in text.stdout
+    stopped = gpuctl("stop", run_id)
+    assert stopped.returncode == 0 and "stopped (gpuctl stop)" in stopped.stdout, stopped.stderr
+    row = ps(run_id)
+    assert row["state"] == "stopped"
+    last = row["last_step"]
+    checkpoints = sorted((run_dir(tmp_path, run_id) / "checkpoints").glob("step_*.pt"))
+    assert checkpoints and checkpoints[-1].name == f"step_{last:08d}.pt"  # the stop's own
+    resumed = gpuctl("resume", run_id)
+    assert resumed.returncode == 0 and "as attempt 2" in resumed.stdout, resumed.stderr
+    wait_until(run_id, lambda r: r["attempt"] == 2 and (r["last_step"] or 0) > last + 20)
+    log = gpuctl("logs", run_id).stdout
+    assert f"resumed from {checkpoints[-1]} at step {last + 1}" in log
+    forced = gpuctl("stop", run_id, "--force")
+    assert forced.returncode == 0 and ps(run_id)["state"] == "stopped"
+
+
+def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole(
+    cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    steps = 1500
+    spec = write_spec(tmp_path, "timed", steps=steps, time="1", signal_before_s=40, requeue=True)
+    run_id, job = submit(spec)
+    ends = run_dir(tmp_path, run_id) / "ends.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ends.exists():
+        time.sleep(1.0)
+    (end,) = [json.loads(line) for line in ends.read_text().splitlines()]
+    assert (end["stopping"], end["requeued"]) == ("time_limit", True)
+    row = ps(run_id)
+    assert row["state"] in {"queued", "starting", "running"} and row["attempt"] == 2, row
+    # Slurm holds a requeued job for 2 minutes and would signal it again 20 s in: give the
+    # second run time to finish, now.
+    cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10", "StartTime=now")
+    row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"}, timeout=180)
+    assert row["state"] == "succeeded" and row["last_step"] == steps - 1, row
+    history = [json.loads(line) for line in (run_dir(tmp_path, run_id) / "metrics.jsonl")
+               .read_text().splitlines()]  # fmt: skip
+    assert {m["step"] for m in history} == set(range(steps)), "a hole in the metrics"
+    assert {m["attempt"] for m in history} == {1, 2}
+    assert "at step" in gpuctl("logs", run_id).stdout  # attempt 2 resumed
+
+
+def test_a_failing_script_fails_with_its_cause(cluster: LocalSlurm, tmp_path: Path) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text("raise ValueError('bad shard 17')\n")
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(
+        f"name: bad\nlauncher: torchrun\nnproc_per_node: 1\nworkdir: {tmp_path}\n"
+        f"script: {script}\nslurm: {{nodes: 1}}\n"
+    )
+    run_id, _ = submit(spec)
+    row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"})
+    assert row["state"] == "failed"
+    assert "ValueError: bad shard 17" in row["reason"], row["reason"]
+
+
+def test_a_job_that_must_wait_is_queued_with_slurms_reason(
+    cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    hold = cluster.run("sbatch", "--parsable", "--nodes=2", "--gpus-per-node=4",
+                       "--output=/dev/null", "--wrap=sleep 120").strip()  # fmt: skip
+    run_id, _ = submit(write_spec(tmp_path, "waits", steps=10, gpus_per_node=1))
+    row = wait_until(run_id, lambda r: r["state"] == "queued")
+    assert "PENDING (Resources)" in row["reason"] or "PENDING (Priority)" in row["reason"]
+    assert "queued" in gpuctl("ps", "--active").stdout
+    cluster.run("scancel", hold)
+    stopped = gpuctl("stop", run_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert ps(run_id)["state"] == "stopped"
+
+
+def test_without_slurm_commands_launch_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch anywhere
+    spec = write_spec(tmp_path, "nowhere", steps=10)
+    done = subprocess.run(
+        [sys.executable, "-m", "launch.gpuctl", "launch", str(spec)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "gpuctl: error: sbatch is not installed here: run gpuctl on a Slurm login node"
+    )
