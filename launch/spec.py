@@ -356,6 +356,11 @@ class RunSpec(SpecModel):
     slurm: SlurmSettings | None = Field(
         None, description="submit to Slurm instead of gpud's nodes (`gpuctl launch --slurm`)"
     )
+    allow_outside_scheduler: bool = Field(
+        False,
+        description="let gpud start this run on a Slurm compute node, outside Slurm (most"
+        " clusters forbid it)",
+    )
 
     @field_validator("nproc_per_node", mode="before")
     @classmethod

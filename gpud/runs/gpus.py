@@ -46,11 +46,14 @@ class Holder:
     run_name: str | None = None
     pid: int | None = None
     process: str | None = None
+    slurm_job: str | None = None  # the Slurm job the outside process belongs to
 
     @property
     def text(self) -> str:
         if self.run_id is not None:
             return f"run {self.run_id}" + (f" ({self.run_name})" if self.run_name else "")
+        if self.slurm_job:
+            return f"Slurm job {self.slurm_job} (pid {self.pid}, {self.process or '?'})"
         return f"pid {self.pid} ({self.process or '?'}) outside gpud"
 
 

@@ -32,6 +32,7 @@ from gpud.runs.gpus import (
     choose,
     closeness_from,
 )
+from gpud.slurm.jobs import SlurmJobs
 from gpud.snapshot import NodeSnapshot
 from gpud.store import LeaseConflict, Store
 from launch.spec import RunSpec
@@ -64,6 +65,7 @@ class GpuLeases:
         self.hardware = hardware
         self.run_name = run_name
         self.clock = clock
+        self._slurm = SlurmJobs()
 
     def busy(self, snapshot: NodeSnapshot) -> dict[str, Holder]:
         """Every busy GPU's UUID and who holds it."""
@@ -81,7 +83,9 @@ class GpuLeases:
                 held[gpu.uuid] = (
                     Holder(run_id=run_id, run_name=self.run_name(run_id))
                     if run_id is not None
-                    else Holder(pid=proc.pid, process=proc.name)
+                    else Holder(
+                        pid=proc.pid, process=proc.name, slurm_job=self._slurm.of(proc.pid) or None
+                    )
                 )
                 break
         return held

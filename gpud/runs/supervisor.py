@@ -69,6 +69,7 @@ from gpud.runs.part import Outcome, Part
 from gpud.runs.ports import NoFreePort, pick_port
 from gpud.runs.queries import Queries
 from gpud.runs.telemetry import Telemetry
+from gpud.slurm.jobs import slurm_compute_node
 from gpud.snapshot import GpuSample, NodeSnapshot
 from gpud.statedir import StateDir
 from gpud.store import Store
@@ -176,6 +177,12 @@ class Supervisor:
             require_absolute_paths(spec)
         except SpecError as exc:
             raise ProtocolError(ErrorCode.INVALID_BODY, str(exc)) from None
+        if not spec.allow_outside_scheduler and slurm_compute_node():
+            raise ProtocolError(
+                ErrorCode.INVALID_BODY,
+                f"{self.node} is a Slurm compute node (slurmd runs here): launch through"
+                " Slurm (`gpuctl launch --slurm`), or set allow_outside_scheduler: true",
+            )
         return spec
 
     def _placement(

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemons import gpuctl
+from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.runs import CPU_DDP, FAST, force_stop, launch
 from tests.support.slurm import LocalSlurm
 
 pytestmark = pytest.mark.slow
@@ -173,3 +174,15 @@ def test_without_slurm_commands_launch_says_so_in_one_line(
     assert done.stderr.strip() == (
         "gpuctl: error: sbatch is not installed here: run gpuctl on a Slurm login node"
     )
+
+
+def test_a_gpud_launch_onto_a_slurm_compute_node_is_refused_unless_allowed(
+    cluster: LocalSlurm, daemon: RunningDaemon
+) -> None:
+    refused = gpuctl("--node", daemon.address, "launch", str(CPU_DDP), "--set", FAST)
+    assert refused.returncode == 2, refused.stdout
+    (line,) = refused.stderr.strip().splitlines()
+    assert "is a Slurm compute node (slurmd runs here)" in line
+    assert "allow_outside_scheduler: true" in line
+    allowed = launch(daemon, FAST, "allow_outside_scheduler=true")
+    force_stop(daemon, allowed)

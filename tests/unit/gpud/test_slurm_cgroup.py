@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.prometheus.source import SlurmJobs, slurm_job_in_cgroup
+from gpud.slurm.jobs import SlurmJobs, slurm_job_in_cgroup
 
 V1 = """12:memory:/slurm/uid_1000/job_4242/step_0/task_1
 11:devices:/slurm/uid_1000/job_4242/step_0

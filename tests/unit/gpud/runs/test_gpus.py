@@ -84,3 +84,12 @@ def test_a_count_prefers_gpus_that_sit_close_together() -> None:
     busy = {"GPU-0000": RUN_A}
     assert indices(choose(4, "auto", EIGHT, busy, closeness)) == [2, 3, 6, 7]
     assert indices(choose(2, "auto", EIGHT, busy, closeness)) == [1, 4]
+
+
+def test_a_gpu_a_slurm_job_holds_is_busy_and_names_the_job() -> None:
+    job = Holder(pid=4321, process="python", slurm_job="1234")
+    with pytest.raises(GpusBusy) as busy:
+        choose([3], "auto", EIGHT, {"GPU-0003": job})
+    assert (
+        str(busy.value) == "needs 1 GPU(s), 7 free: GPU 3 held by Slurm job 1234 (pid 4321, python)"
+    )
