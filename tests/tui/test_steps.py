@@ -15,11 +15,12 @@ from tui.screens.run import RunScreen
 from tui.screens.runs import RunsScreen
 from tui.widgets.health_panel import rank_grid
 from tui.widgets.run_header import header_text
-from tui.widgets.runs_table import run_row
+from tui.widgets.runs_table import COLUMNS, run_row
 
 RUN = "cpu-ddp-5e6f7a"
 NODE = "tcp://10.0.0.1:7711"
 STEPS = 20
+STEP_COLUMN = next(i for i, (label, _, _) in enumerate(COLUMNS) if label == "STEP")
 
 
 def finished_run() -> FleetModel:
@@ -59,7 +60,7 @@ def test_a_finished_run_of_20_steps_shows_20_of_20_in_the_table_header_and_ranks
     assert run.summary.steps_done == STEPS
     assert run.steps_done() == STEPS
     cells = run_row(run, scenes.T0)[1]
-    assert cells[5] == f"{STEPS}/{STEPS}"
+    assert cells[STEP_COLUMN] == f"{STEPS}/{STEPS}"
     assert f"step {STEPS}/{STEPS}" in header_text(run, "loss").plain
     assert run.health is not None
     grid = rank_grid(run.health).plain.splitlines()
@@ -78,7 +79,7 @@ def test_a_live_point_moves_table_and_header_together() -> None:
     model.apply_event(NODE, scenes.event(f"run.{RUN}.metrics", live, seq=3))
     run = model.runs[RUN]
     # The newest index seen anywhere is 24: 25 steps done, in both views.
-    assert run_row(run, scenes.T0)[1][5] == "25/40"
+    assert run_row(run, scenes.T0)[1][STEP_COLUMN] == "25/40"
     assert "step 25/40" in header_text(run, "loss").plain
 
 
