@@ -7,6 +7,7 @@ import click
 from gpud.client import Client, ClientError
 from gpud.protocol import RUN_HEALTH, RUN_METRICS, MetricsReply, MetricsRequest, RunRef
 from gpud.runmodel import HealthSummary, steps_text
+from launch.gpuctl import slurm_jobs
 from launch.gpuctl.completion import run_argument
 from launch.gpuctl.context import Ctl, exit_code_for, fail, json_option
 from launch.gpuctl.output import emit_json, table
@@ -21,6 +22,9 @@ from launch.gpuctl.runref import find_run
 @click.pass_obj
 def metrics_command(ctl: Ctl, run: str, name: str | None, attempt: int | None) -> None:
     """A run's metric history, across all attempts (from node 0, which holds rank 0's)."""
+    if (on_slurm := slurm_jobs.find(run)) is not None:
+        show_metrics(ctl, on_slurm.metrics(name, attempt))
+        return
     found = find_run(ctl, run)
     try:
         with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
@@ -30,6 +34,10 @@ def metrics_command(ctl: Ctl, run: str, name: str | None, attempt: int | None) -
     except ClientError as exc:
         fail(str(exc), exit_code_for(exc))
     assert isinstance(reply, MetricsReply)
+    show_metrics(ctl, reply)
+
+
+def show_metrics(ctl: Ctl, reply: MetricsReply) -> None:
     if ctl.json:
         emit_json(reply)
         return

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpud.paths import atomic_write, config_dir, exclusive
-from gpud.protocol import RunSummary
+from gpud.protocol import MetricRow, MetricsReply, RunSummary
 from gpud.runmodel import ECHO_KINDS, ExitInfo, FailureCause, NodeRef, RunState
 from gpud.runs.causes import find_cause
 from launch import slurm
@@ -128,6 +128,32 @@ class SlurmRun:
             except (ValueError, KeyError, TypeError):
                 continue
         return None, {}
+
+    def metrics(self, name: str | None = None, attempt: int | None = None) -> MetricsReply:
+        """The history in metrics.jsonl, every attempt (requeues included), as a daemon
+        answers `run.metrics`: in attempt and step order, with where each resumed."""
+        rows: dict[tuple[int, int], MetricRow] = {}
+        for item in _jsonl(self.run_dir / "metrics.jsonl"):
+            try:
+                values = {str(k): float(v) for k, v in dict(item["values"]).items()}
+                row = MetricRow(
+                    attempt=int(item["attempt"]), step=int(item["step"]),
+                    time=float(item["time"]),
+                    values={k: v for k, v in values.items() if name in (None, k)},
+                )  # fmt: skip
+            except (KeyError, TypeError, ValueError):
+                continue
+            if attempt is None or row.attempt == attempt:
+                rows[(row.attempt, row.step)] = row
+        ordered = [rows[key] for key in sorted(rows)]
+        starts: dict[int, int] = {}
+        for row in ordered:
+            starts.setdefault(row.attempt, row.step)
+        return MetricsReply(
+            run_id=self.id,
+            rows=ordered,
+            resumed_at=[step for number, step in sorted(starts.items()) if number > 1],
+        )
 
     def cause(self) -> FailureCause | None:
         """Why the latest attempt failed, read from its nodes' files as gpud reads a part's

@@ -130,6 +130,13 @@ def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole
     assert {m["step"] for m in history} == set(range(steps)), "a hole in the metrics"
     assert {m["attempt"] for m in history} == {1, 2}
     assert "at step" in gpuctl("logs", run_id).stdout  # attempt 2 resumed
+    # gpuctl metrics: the whole history, the resume point marked, as for a gpud run.
+    metrics = gpuctl("--json", "metrics", run_id, "--name", "loss")
+    assert metrics.returncode == 0, metrics.stderr
+    reply = json.loads(metrics.stdout)
+    assert [r["step"] for r in reply["rows"]] == list(range(steps))
+    second = min(m["step"] for m in history if m["attempt"] == 2)
+    assert reply["resumed_at"] == [second] and second > 0
 
 
 def test_a_failing_script_fails_with_its_cause(cluster: LocalSlurm, tmp_path: Path) -> None:
