@@ -1,0 +1,73 @@
+"""The Kubernetes manifests in config/kubernetes/ (issue 12) against the Kubernetes
+schemas (kubernetes-validate, strict: unknown fields are errors). No cluster here: what
+the schemas cannot say about the PyTorchJob (a CRD, not vendored) is checked by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate is not installed (the dev extra has it)"
+)
+
+MANIFESTS = Path(__file__).parents[2] / "config" / "kubernetes"
+K8S = "1.31.0"  # a release current clusters run; the schemas ship with kubernetes-validate
+
+
+def documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+
+
+def validate(resource: dict[str, Any]) -> None:
+    kubernetes_validate.validate(resource, K8S, strict=True)
+
+
+def test_the_daemonset_and_its_neighbours_validate() -> None:
+    docs = documents("gpud-daemonset.yaml")
+    assert [d["kind"] for d in docs] == ["Namespace", "ServiceAccount", "DaemonSet", "Service"]
+    for doc in docs:
+        validate(doc)
+    daemonset = docs[2]["spec"]["template"]["spec"]
+    assert daemonset["hostPID"] is True and daemonset["runtimeClassName"] == "nvidia"
+    (container,) = daemonset["containers"]
+    assert container["args"][0] == "serve" and "--metrics=0.0.0.0:9400" in container["args"]
+    # A non-loopback /metrics needs TLS with client certificates (or --metrics-insecure).
+    assert any(a.startswith("--metrics-client-ca=") for a in container["args"])
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/var/lib/gpud" in mounts
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUD_STATE_DIR"] == "/var/lib/gpud" and env["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+def test_the_pytorchjob_runs_the_cpu_ddp_example_in_valid_pods() -> None:
+    (job,) = documents("train-cpu-ddp-pytorchjob.yaml")
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert set(replicas) == {"Master", "Worker"}
+    assert job["spec"]["nprocPerNode"] == "2"
+    for role, spec in replicas.items():
+        assert spec["replicas"] >= 1 and spec["restartPolicy"] in {"OnFailure", "Never"}, role
+        pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()},
+               "template": spec["template"]}  # fmt: skip
+        validate(pod)
+        (container,) = spec["template"]["spec"]["containers"]
+        assert container["name"] == "pytorch"  # the operator injects its env into this one
+        assert container["command"] == ["torchrun"]
+        assert container["args"][0] == "trainers/examples/ddp.py"
+        assert (MANIFESTS.parents[1] / container["args"][0]).exists()
+
+
+def test_a_broken_manifest_is_caught() -> None:
+    """The validation is real: a typo'd field and a wrong type both fail."""
+    daemonset = documents("gpud-daemonset.yaml")[2]
+    daemonset["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(daemonset)
+    service = documents("gpud-daemonset.yaml")[3]
+    service["spec"]["ports"][0]["port"] = "nine thousand"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(service)
