@@ -136,18 +136,20 @@ def test_a_revoked_operator_loses_its_rights_on_its_open_connection(
     revoke = gpuctl("keys", "revoke", keys.public_text, "--state-dir", str(daemon.state_dir))
     assert revoke.returncode == 0, revoke.stderr
     revoked_at = time.monotonic()
+    allowed = 1  # acks the daemon accepted: the first, and any before it saw the revoke
     while True:
         try:
             client.ack_events()
         except RequestFailed as exc:
             assert exc.code == "forbidden" and "not authorized" in exc.message
             break
+        allowed += 1
         assert time.monotonic() - revoked_at < 2.0, "still an operator 2 s after the revoke"
         time.sleep(0.05)
     with pytest.raises(RequestFailed, match="not authorized"):
         client.node_info()  # nothing at all, not even reads
     accepted = [json.loads(r) for r in audit_records(daemon.state_dir)]
-    assert [r["ok"] for r in accepted if r["caller"] == "mallory"] == [True]
+    assert [r["ok"] for r in accepted if r["caller"] == "mallory"] == [True] * allowed
 
 
 def test_a_downgraded_operator_is_a_viewer_within_two_seconds(daemon: RunningDaemon) -> None:

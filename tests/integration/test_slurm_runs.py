@@ -109,7 +109,9 @@ def test_a_slurm_run_shows_in_ps_stops_with_a_checkpoint_and_resumes_from_it(
 def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole(
     cluster: LocalSlurm, tmp_path: Path
 ) -> None:
-    steps = 1500
+    # Longer than the first run can be: Slurm sends the signal 40 s before the 1-minute
+    # limit, give or take its ~30 s timer, and kills the job at the limit at the latest.
+    steps = 3000
     spec = write_spec(tmp_path, "timed", steps=steps, time="1", signal_before_s=40, requeue=True)
     run_id, job = submit(spec)
     ends = run_dir(tmp_path, run_id) / "ends.jsonl"
@@ -123,7 +125,7 @@ def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole
     # Slurm holds a requeued job for 2 minutes and would signal it again 20 s in: give the
     # second run time to finish, now.
     cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10", "StartTime=now")
-    row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"}, timeout=180)
+    row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"}, timeout=300)
     assert row["state"] == "succeeded" and row["last_step"] == steps - 1, row
     history = [json.loads(line) for line in (run_dir(tmp_path, run_id) / "metrics.jsonl")
                .read_text().splitlines()]  # fmt: skip
