@@ -25,3 +25,11 @@ def screen_text(app: App[Any]) -> str:
             line = line.ljust(round(x / CELL_WIDTH)) + text
         lines.append(line.rstrip())
     return "\n".join(lines)
+
+
+def region_text(app: App[Any], selector: str) -> str:
+    """What the screen shows inside one widget's region (a dialog over a screen that stays
+    visible behind it): the screen's text, cropped to that region."""
+    region = app.screen.query_one(selector).region
+    lines = screen_text(app).splitlines()[region.y : region.y + region.height]
+    return "\n".join(line[region.x : region.x + region.width] for line in lines)

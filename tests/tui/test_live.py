@@ -17,7 +17,7 @@ from gpud.runmodel import RunState
 from tests.support.daemons import RunningDaemon
 from tests.support.runs import FAST, launch, script_spec, wait_for
 from tests.tui import scenes
-from tests.tui.screen import screen_text
+from tests.tui.screen import region_text, screen_text
 from tui.app import GpuTop
 from tui.model.feed import Feed
 from tui.model.fleet import FleetModel
@@ -144,7 +144,7 @@ async def test_a_real_run_end_to_end_then_stop_and_resume_it_from_the_ui(
             await pilot.press("s")
             await pilot.pause()
             assert isinstance(app.screen, ConfirmScreen)
-            text = flat(screen_text(app))
+            text = flat(region_text(app, "#confirm-box"))
             assert f"Stop run {run_id} (cpu-ddp), attempt 1" in text
             assert f"on 1 node: node0 ({daemon.address}) × 2 processes — 2 ranks in all" in text
             await pilot.press("y")
@@ -153,7 +153,8 @@ async def test_a_real_run_end_to_end_then_stop_and_resume_it_from_the_ui(
             await pilot.press("r")
             await pilot.pause()
             assert isinstance(app.screen, ConfirmScreen)
-            assert f"Resume run {run_id} (cpu-ddp) as attempt 2" in flat(screen_text(app))
+            text = flat(region_text(app, "#confirm-box"))
+            assert f"Resume run {run_id} (cpu-ddp) as attempt 2" in text
             await pilot.press("y")
             await settle(pilot, lambda: state() is RunState.RUNNING, 60, "running again")
 
