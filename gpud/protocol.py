@@ -413,6 +413,19 @@ class MetricsReply(Reading):
     )
 
 
+def metrics_reply(run_id: str, rows: dict[tuple[int, int], MetricRow]) -> MetricsReply:
+    """Rows keyed by (attempt, step), in order, with the first step of each later attempt."""
+    ordered = [rows[key] for key in sorted(rows)]
+    starts: dict[int, int] = {}
+    for row in ordered:
+        starts.setdefault(row.attempt, row.step)
+    return MetricsReply(
+        run_id=run_id,
+        rows=ordered,
+        resumed_at=[step for attempt, step in sorted(starts.items()) if attempt > 1],
+    )
+
+
 class PartHealth(Reading):
     """node N → node 0: this node's ranks and GPU trouble, for the run's health."""
 

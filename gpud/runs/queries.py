@@ -21,6 +21,7 @@ from gpud.protocol import (
     RunList,
     RunRef,
     RunStatus,
+    metrics_reply,
 )
 from gpud.runmodel import AttemptRecord, HealthSummary, RunRecord, RunState
 from gpud.runs.book import RunBook, check_coordinator
@@ -74,15 +75,7 @@ class Queries:
                     attempt=attempt, step=step, time=when, values={}
                 )
             row.values[name] = value
-        ordered = [rows[key] for key in sorted(rows)]
-        starts: dict[int, int] = {}
-        for row in ordered:
-            starts.setdefault(row.attempt, row.step)
-        return MetricsReply(
-            run_id=run.id,
-            rows=ordered,
-            resumed_at=[step for attempt, step in sorted(starts.items()) if attempt > 1],
-        )
+        return metrics_reply(run.id, rows)
 
     def logs(self, req: LogsRequest) -> LogChunk:
         run = self.book.find(req.run)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpud.paths import atomic_write, config_dir, exclusive
-from gpud.protocol import MetricRow, MetricsReply, RunSummary
+from gpud.protocol import MetricRow, MetricsReply, RunSummary, metrics_reply
 from gpud.runmodel import ECHO_KINDS, ExitInfo, FailureCause, NodeRef, RunState
 from gpud.runs.causes import find_cause
 from launch import slurm
@@ -145,15 +145,7 @@ class SlurmRun:
                 continue
             if attempt is None or row.attempt == attempt:
                 rows[(row.attempt, row.step)] = row
-        ordered = [rows[key] for key in sorted(rows)]
-        starts: dict[int, int] = {}
-        for row in ordered:
-            starts.setdefault(row.attempt, row.step)
-        return MetricsReply(
-            run_id=self.id,
-            rows=ordered,
-            resumed_at=[step for number, step in sorted(starts.items()) if number > 1],
-        )
+        return metrics_reply(self.id, rows)
 
     def cause(self) -> FailureCause | None:
         """Why the latest attempt failed, read from its nodes' files as gpud reads a part's
