@@ -227,8 +227,8 @@ class Part:
                 # Stopped because another part failed; but it may have failed on its own
                 # first (and only lost the race to say so): keep a cause that is its own.
                 own = None if ok else self._find_cause(info)
-                if own is not None and own.kind is CauseKind.SIGNAL and self._signalled:
-                    own = None  # the signals were ours
+                if own is not None and own.kind is CauseKind.SIGNAL and self._sent(own):
+                    own = None  # the signal was ours
                 info = info.model_copy(update={"cause": own})
                 return Outcome(RunState.FAILED, self.record.stop_failed, info)
             return Outcome(RunState.STOPPED, "stopped on request", info)
@@ -256,6 +256,14 @@ class Part:
     @property
     def _signalled(self) -> bool:
         return self._termed or self._killed
+
+    def _sent(self, cause: FailureCause) -> bool:
+        """Whether gpud sent the signal that killed the rank: a stop sends SIGTERM, and
+        SIGKILL only once the grace is over; a SIGKILL before that came from elsewhere
+        (the OOM killer, an operator, a dying node) and is the part's own cause."""
+        if "SIGKILL" in cause.summary:
+            return self._killed
+        return self._signalled
 
     def _cause(self, kind: CauseKind, summary: str) -> FailureCause:
         r = self.record
