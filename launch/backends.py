@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,9 +99,12 @@ class Command:
     files: dict[str, str]  # file name (written into attempt_dir by the caller) -> content
     unset: tuple[str, ...] = ()  # inherited variables the processes must not see
 
-    def environ(self, inherited: dict[str, str]) -> dict[str, str]:
-        """The processes' whole environment: inherited, plus what gpud adds, less unset."""
-        env = {**inherited, **self.env}
+    def environ(self, inherited: Mapping[str, str]) -> dict[str, str]:
+        """The processes' whole environment: inherited, plus what gpud adds, less unset.
+        Inherited GPUD_* variables (the daemon's own settings, or the submitter's) never
+        reach the ranks: what they need of gpud's, `env` says."""
+        env = {k: v for k, v in inherited.items() if not k.startswith("GPUD_")}
+        env.update(self.env)
         for name in self.unset:
             env.pop(name, None)
         return env

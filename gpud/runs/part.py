@@ -86,16 +86,8 @@ class Part:
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str, files: dict[str, str]) -> None:
         """Write the attempt dir and start the shim in a session of its own."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for name, content in files.items():
-            (self.dir / name).write_text(content)
-        self.log_path.touch()
+        spec_path = shim.write_spec(self.dir, files, argv, env, cwd, self.log_path)
         self.oom_kills_at_start = causes.oom_kills()
-        spec_path = self.dir / "shim.json"
-        spec_path.write_text(
-            json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": str(self.log_path)})
-        )
-        spec_path.chmod(0o600)  # the environment may hold secrets (WANDB_API_KEY...)
         self._popen = subprocess.Popen(
             # The shim is stdlib-only: run its file without site-packages (-S), which takes
             # ~40 ms off every launch.

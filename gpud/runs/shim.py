@@ -106,6 +106,29 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def write_spec(
+    directory: Path,
+    files: dict[str, str],
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    log: Path,
+) -> Path:
+    """Write an attempt's files and the shim's spec into `directory` (the daemon's part and
+    Slurm's part runner alike). The spec is its owner's alone: the environment may hold
+    secrets (WANDB_API_KEY...)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (directory / name).write_text(content)
+    log.touch()
+    path = directory / "shim.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": str(log)}))
+    path.chmod(0o600)  # an older file kept its mode
+    return path
+
+
 def run(spec_path: Path) -> int:
     spec = json.loads(spec_path.read_text())
     directory = spec_path.parent

@@ -331,7 +331,7 @@ class Supervisor:
             resume_from=resume_from,
         )
         part = Part(record, self.clock)
-        env = command.environ({k: v for k, v in os.environ.items() if not k.startswith("GPUD_")})
+        env = command.environ(os.environ)
         try:
             part.spawn(command.argv, env, command.cwd, command.files)
         except OSError as exc:

@@ -67,11 +67,12 @@ def placement(
             spec.resume.pattern, checkpoint_dir, float(config["created_at"])
         )
     gpus = visible_gpus(env)
+    node_rank = int(_need(env, "SLURM_NODEID"))
     return Placement(
         run_id=str(config["run_id"]),
         attempt=attempt,
         node_name=env.get("SLURMD_NODENAME") or os.uname().nodename,
-        node_rank=int(_need(env, "SLURM_NODEID")),
+        node_rank=node_rank,
         nnodes=int(_need(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")),
         nproc_per_node=resolve_nproc(spec, gpus),
         master_addr=_need(env, "GPUD_MASTER_ADDR"),
@@ -79,7 +80,7 @@ def placement(
         gpu_count=gpus,
         python=python,
         run_dir=str(run_dir),
-        attempt_dir=str(run_dir / f"attempt-{attempt}" / f"node-{env.get('SLURM_NODEID', 0)}"),
+        attempt_dir=str(run_dir / f"attempt-{attempt}" / f"node-{node_rank}"),
         checkpoint_dir=checkpoint_dir,
         ingest="",  # no daemon: the trainers write metrics.jsonl in the run dir
         control="",
@@ -104,23 +105,13 @@ def main(argv: list[str]) -> int:
         return 2
     command = build_command(spec, place)
     attempt_dir = Path(place.attempt_dir)
-    attempt_dir.mkdir(parents=True, exist_ok=True)
-    for name, content in command.files.items():
-        (attempt_dir / name).write_text(content)
+    spec_path = shim.write_spec(
+        attempt_dir, command.files, command.argv, command.environ(os.environ), command.cwd,
+        attempt_dir / "output.log",
+    )  # fmt: skip
     (attempt_dir / "part.json").write_text(
         json.dumps(
             {"node_rank": place.node_rank, "node": place.node_name, "nproc": place.nproc_per_node}
-        )
-    )
-    shim_spec = attempt_dir / "shim.json"
-    shim_spec.write_text(
-        json.dumps(
-            {
-                "argv": command.argv,
-                "env": command.environ(dict(os.environ)),
-                "cwd": command.cwd,
-                "log": str(attempt_dir / "output.log"),
-            }
         )
     )
     print(
@@ -130,7 +121,7 @@ def main(argv: list[str]) -> int:
         + (f", resuming from {place.resume_from}" if place.resume_from else ""),
         flush=True,
     )
-    shim.run(shim_spec)
+    shim.run(spec_path)
     ended = json.loads((attempt_dir / "exit.json").read_text())
     code = ended.get("exit_code")
     return int(code) if code is not None else 128 + int(ended.get("signal") or 9)

@@ -90,6 +90,9 @@ def test_a_slurm_run_shows_in_ps_stops_with_a_checkpoint_and_resumes_from_it(
     assert row["nodes"][0]["name"] == f"slurm:{job}" and len(row["nodes"]) == 2
     text = gpuctl("ps")
     assert f"slurm:{job}+1" in text.stdout and "running" in text.stdout
+    # The shim's spec holds the ranks' environment (secrets too): its owner's alone.
+    specs = sorted(run_dir(tmp_path, run_id).glob("attempt-1/node-*/shim.json"))
+    assert [f.stat().st_mode & 0o777 for f in specs] == [0o600, 0o600]
     stopped = gpuctl("stop", run_id)
     assert stopped.returncode == 0 and "stopped (gpuctl stop)" in stopped.stdout, stopped.stderr
     row = ps(run_id)

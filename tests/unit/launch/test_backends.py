@@ -715,3 +715,10 @@ def test_placement_rejects_a_rank_outside_the_gang() -> None:
     assert place.world_size == 6
     with pytest.raises(dataclasses.FrozenInstanceError):
         place.node_rank = 0  # type: ignore[misc]
+
+
+def test_the_ranks_never_inherit_gpud_settings_only_what_the_command_sets() -> None:
+    inherited = {"GPUD_STATE_DIR": "/var/lib/gpud", "GPUD_RUN_ID": "someone-else", "HOME": "/r"}
+    env = build(make_spec()).environ(inherited)
+    assert "GPUD_STATE_DIR" not in env and env["HOME"] == "/r"
+    assert env["GPUD_RUN_ID"] != "someone-else"  # the command's own run id
