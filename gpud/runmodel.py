@@ -7,6 +7,7 @@ trainers are validated strictly, since they arrive on a socket.
 
 from __future__ import annotations
 
+import secrets
 from enum import Enum
 from typing import Any, Literal, TypedDict
 
@@ -132,6 +133,12 @@ DEFAULT_RESTART_ON = (
 
 #: Kinds that are often an echo: a rank whose peer died sees a connection error.
 ECHO_KINDS = frozenset({CauseKind.NETWORK, CauseKind.NCCL})
+
+
+def cause_precedence(cause: FailureCause) -> tuple[bool, float]:
+    """Which of several failures is the run's cause (the smallest): one that is not a
+    connection error first (those are most often a dead peer's echo), then the earliest."""
+    return cause.kind in ECHO_KINDS, cause.time or float("inf")
 
 
 class FailureCause(Reading):
@@ -554,6 +561,17 @@ class GpuTrouble(Reading):
 
 
 Verdict = Literal["ok", "degraded", "stalled", "failed", "idle"]
+
+
+def new_run_id(name: str) -> str:
+    """A fresh run id: the run's name and 6 hex digits (`cpu-ddp-3f9a2c`)."""
+    return f"{name}-{secrets.token_hex(3)}"
+
+
+#: Metric names a trainer may log its throughput under, best first: gputop's RATE and
+#: /metrics' gpud_run_samples_per_second and gpud_run_tokens_per_second read them.
+SAMPLES_PER_S_NAMES = ("samples_per_s", "samples/s", "samples_per_sec", "throughput")
+TOKENS_PER_S_NAMES = ("tokens_per_s", "tokens/s", "tokens_per_sec")
 
 
 class HealthSummary(Reading):

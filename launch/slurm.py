@@ -19,7 +19,6 @@ script is validated by the spec (names, Slurm words) and shell-quoted here.
 
 from __future__ import annotations
 
-import secrets
 import shlex
 from pathlib import Path
 
@@ -30,11 +29,6 @@ PART_RUNNER = "gpud.slurm.part"
 #: MASTER_PORT = PORT_BASE + job id % PORT_SPAN: two jobs on one first host rarely clash.
 PORT_BASE = 20000
 PORT_SPAN = 20000
-
-
-def new_run_id(spec: RunSpec) -> str:
-    """A run id as gpud makes them: the name and 6 hex digits."""
-    return f"{spec.name}-{secrets.token_hex(3)}"
 
 
 def run_dir_for(spec: RunSpec, run_id: str) -> str:

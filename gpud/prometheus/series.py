@@ -10,13 +10,14 @@ field the GPU does not offer (None in the sample) is absent, never 0.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpud.protocol import RunSummary
-from gpud.runmodel import HealthSummary, RunState
+from gpud.runmodel import SAMPLES_PER_S_NAMES, TOKENS_PER_S_NAMES, HealthSummary, RunState
 from gpud.snapshot import GpuSample, HostSample, NodeSnapshot
 
 MIB = 1024 * 1024
@@ -27,9 +28,6 @@ JOB_LABELS = ("run", "rank", "hpc_job", "simulated")
 #: grow every scrape without bound.
 MAX_RUN_METRICS = 32
 VERDICTS = ("ok", "degraded", "stalled", "failed", "idle")
-#: Metric names a trainer may log its throughput under (the same gputop reads).
-SAMPLES_NAMES = ("samples_per_s", "samples/s", "samples_per_sec", "throughput")
-TOKENS_NAMES = ("tokens_per_s", "tokens/s", "tokens_per_sec")
 
 
 @dataclass(frozen=True)
@@ -176,13 +174,13 @@ class RunOnNode:
         """(samples/s, tokens/s): what the trainer logs under a throughput name, else the
         step rate (the ranks' median step time) × the global batch (× seq_len)."""
         logged = self.summary.last_values
-        samples = next((logged[n] for n in SAMPLES_NAMES if n in logged), None)
-        tokens = next((logged[n] for n in TOKENS_NAMES if n in logged), None)
+        samples = next((logged[n] for n in SAMPLES_PER_S_NAMES if n in logged), None)
+        tokens = next((logged[n] for n in TOKENS_PER_S_NAMES if n in logged), None)
         health = self.health
         if samples is None and self.samples_per_rank_step and health and health.world_size:
-            times = sorted(r.step_time_s for r in health.ranks if r.step_time_s)
+            times = [r.step_time_s for r in health.ranks if r.step_time_s]
             if times:
-                step_time = times[len(times) // 2]
+                step_time = statistics.median(times)
                 samples = self.samples_per_rank_step * health.world_size / step_time
         if tokens is None and samples is not None and self.tokens_per_sample:
             tokens = samples * self.tokens_per_sample

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from gpud.protocol import PartView
 from gpud.runmodel import (
     DEFAULT_RESTART_ON,
-    ECHO_KINDS,
     CauseKind,
     FailureCause,
     RunRecord,
     RunState,
+    cause_precedence,
 )
 
 
@@ -126,9 +126,7 @@ def failure_of(
     found = [(cause, r) for r in failed if (cause := parts[r].cause) is not None]
     if not found:
         return None
-    cause, rank = min(
-        found, key=lambda c: (c[0].kind in ECHO_KINDS, c[0].time or float("inf"), c[1])
-    )
+    cause, rank = min(found, key=lambda c: (*cause_precedence(c[0]), c[1]))
     return cause.model_copy(
         update={
             "node_rank": rank,

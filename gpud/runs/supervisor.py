@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -58,6 +57,7 @@ from gpud.runmodel import (
     TrainerMessage,
     can_move,
     gpus_text,
+    new_run_id,
 )
 from gpud.runs import causes, flight, gang
 from gpud.runs.book import Publish, RunBook, check_coordinator
@@ -352,7 +352,7 @@ class Supervisor:
         spec = self._validated(req.spec)
         nodes = [_ref(n) for n in req.nodes]
         master_addr = gang.master_host(spec, nodes)
-        run_id = f"{spec.name}-{secrets.token_hex(3)}"
+        run_id = new_run_id(spec.name)
         run = self._new_run(run_id, spec, nodes, node_rank=0)
         queue = (req.queue or spec.queue) and not req.dry_run
         try:  # refused here: nothing was set up

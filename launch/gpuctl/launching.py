@@ -28,7 +28,7 @@ from gpud.protocol import (
     PartPlan,
     StopRequest,
 )
-from gpud.runmodel import RunState
+from gpud.runmodel import RunState, new_run_id
 from launch.gpuctl.context import (
     DEFAULT_NODE,
     EXIT_FAILED,
@@ -112,7 +112,7 @@ def _slurm_launch(ctl: Ctl, spec: RunSpec, dry_run: bool) -> None:
 
     python = spec.python or sys.executable
     if dry_run:
-        run_id = slurm.new_run_id(spec)
+        run_id = new_run_id(spec.name)
         try:
             click.echo(
                 slurm.render(spec, run_id, slurm.run_dir_for(spec, run_id), python), nl=False

@@ -21,7 +21,14 @@ from typing import Any
 
 from gpud.paths import atomic_write, config_dir, exclusive
 from gpud.protocol import MetricRow, MetricsReply, RunSummary, metrics_reply
-from gpud.runmodel import ECHO_KINDS, ExitInfo, FailureCause, NodeRef, RunState
+from gpud.runmodel import (
+    ExitInfo,
+    FailureCause,
+    NodeRef,
+    RunState,
+    cause_precedence,
+    new_run_id,
+)
 from gpud.runs.causes import find_cause
 from launch import slurm
 from launch.spec import RunSpec
@@ -168,20 +175,19 @@ class SlurmRun:
             found.append(find_cause(node_dir, text, exit_info, node_rank=node_rank, nproc=nproc))
         if not found:
             return None
-        return min(found, key=lambda c: (c.kind in ECHO_KINDS, c.time or float("inf")))
+        return min(found, key=cause_precedence)
 
     def state(self) -> tuple[RunState, str, int]:
         """(state, reason, attempt) from squeue, else from the script's end records."""
-        job = self.job
-        base = int(self.jobs[-1].get("attempt_base", 1)) if self.jobs else 1
-        if job is None:
-            return RunState.FAILED, "never submitted", base
-        line = _slurm("squeue", "-h", "-t", "all", "-j", job, "-o", "%T|%r|%S").strip()
+        jobs = self.jobs
+        if not jobs:
+            return RunState.FAILED, "never submitted", 1
+        job, base = str(jobs[-1]["job"]), int(jobs[-1].get("attempt_base", 1))
+        line = _slurm("squeue", "-h", "-t", "all", "-j", job, "-o", "%T|%r").strip()
+        slurm_state, _, reason = line.splitlines()[0].partition("|") if line else ("", "", "")
         ends = self.ends(job)
         attempt = base + sum(1 for e in ends if e.get("requeued"))
-        if line:
-            slurm_state, _, reason = line.splitlines()[0].partition("|")
-            reason = reason.split("|")[0]
+        if slurm_state:
             state = RunState(slurm.run_state(slurm_state))
             if not state.terminal:
                 why = f"Slurm job {job}: {slurm_state}"
@@ -200,8 +206,7 @@ class SlurmRun:
             cause = self.cause()
             why = f"{cause.kind.value}: {cause.summary}" if cause else f"exit code {code}"
             return RunState.FAILED, f"{why}; Slurm job {job}", attempt
-        if line:
-            slurm_state = line.split("|")[0]
+        if slurm_state:
             why = f"Slurm job {job}: {slurm_state}"
             return RunState(slurm.run_state(slurm_state)), why, attempt
         return RunState.FAILED, f"Slurm job {job} is gone and left no end record", attempt
@@ -210,6 +215,7 @@ class SlurmRun:
         state, reason, attempt = self.state()
         last_step, values = self.latest_metrics()
         spec = self.config["spec"]
+        where = f"slurm:{self.job}"
         return RunSummary(
             id=self.id,
             name=self.name,
@@ -220,7 +226,7 @@ class SlurmRun:
             created_at=float(self.config["created_at"]),
             node_rank=0,
             nodes=[
-                NodeRef(control=f"slurm:{self.job}", name=f"slurm:{self.job}")
+                NodeRef(control=where, name=where)
                 for _ in range(int((spec.get("slurm") or {}).get("nodes") or 1))
             ],
             launcher=str(spec.get("launcher", "torchrun")),
@@ -268,7 +274,7 @@ def submit(run: SlurmRun, attempt_base: int, resume_from: str | None = None) -> 
 
 def create(spec: RunSpec, python: str) -> SlurmRun:
     """A new run dir with its config and batch script, remembered in the index."""
-    run_id = slurm.new_run_id(spec)
+    run_id = new_run_id(spec.name)
     run_dir = Path(slurm.run_dir_for(spec, run_id))
     script = slurm.render(spec, run_id, str(run_dir), python)
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -289,14 +295,13 @@ def create(spec: RunSpec, python: str) -> SlurmRun:
     return SlurmRun(run_dir, config)
 
 
-def stop(run: SlurmRun, force: bool) -> str:
+def stop(run: SlurmRun, cancel: bool) -> str:
     """Ask the job to stop with a checkpoint (USR2 to its batch shell), or cancel it."""
     job = run.job
     if job is None:
         raise SlurmError(f"run {run.id} has no Slurm job")
-    state, _, _ = run.state()
-    if force or state in (RunState.QUEUED, RunState.PENDING):
-        _slurm("scancel", job)  # nothing started: nothing to checkpoint
+    if cancel:
+        _slurm("scancel", job)
     else:
         _slurm("scancel", "--batch", "--signal=USR2", job)
     return job

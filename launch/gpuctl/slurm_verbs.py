@@ -57,7 +57,8 @@ def stop(ctl: Ctl, run: slurm_jobs.SlurmRun, force: bool, no_wait: bool) -> None
         state, _, _ = run.state()
         if state.terminal:
             fail(f"run {run.id} is already {state.value}", EXIT_FAILED)
-        job = slurm_jobs.stop(run, force)
+        # A job still queued has nothing to checkpoint: cancel it.
+        job = slurm_jobs.stop(run, cancel=force or state is RunState.QUEUED)
     except slurm_jobs.SlurmError as exc:
         fail(str(exc), EXIT_FAILED)
     how = "cancelled" if force else "asked to checkpoint and stop"

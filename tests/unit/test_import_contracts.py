@@ -48,6 +48,7 @@ IO_PROJECT_MODULES = (
     "gpud.publisher",
     "gpud.runs",
     "gpud.settings",
+    "gpud.slurm",
     "gpud.statedir",
     "gpud.store",
     "launch.gpuctl",
@@ -82,7 +83,7 @@ CONTRACTS = [
     ),
     Contract(
         "run specs, command builders and auto-tuning do no I/O",
-        covers=("launch.spec", "launch.backends", "launch.autotune"),
+        covers=("launch.spec", "launch.backends", "launch.autotune", "launch.slurm"),
         forbidden=IO_LIBRARIES + IO_PROJECT_MODULES,
         static_only=("socket", "subprocess"),
     ),

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from gpud.protocol import MetricsReply, RunSummary
 from gpud.runmodel import (
+    SAMPLES_PER_S_NAMES,
+    TOKENS_PER_S_NAMES,
     FailureCause,
     HealthSummary,
     RunEvent,
@@ -28,15 +30,7 @@ from tui.model.logs import LogBuffer
 from tui.model.series import MetricSeries
 
 History = Literal["none", "loading", "loaded", "unavailable"]
-#: Metric names a trainer may use for throughput, best first.
-THROUGHPUT_NAMES = (
-    "samples_per_s",
-    "samples/s",
-    "samples_per_sec",
-    "throughput",
-    "tokens_per_s",
-    "tokens/s",
-)
+THROUGHPUT_NAMES = SAMPLES_PER_S_NAMES + TOKENS_PER_S_NAMES
 RATE_WINDOW = 64
 RUN_EVENTS_KEPT = 200
 ACTIVE = frozenset(
@@ -210,7 +204,7 @@ class RunView:
         for name in THROUGHPUT_NAMES:
             value = self.last_value(name)
             if value is not None:
-                unit = "tokens/s" if name.startswith("tokens") else "samples/s"
+                unit = "tokens/s" if name in TOKENS_PER_S_NAMES else "samples/s"
                 return Rate(value, unit)
         if len(self.progress) < 2:
             return None
