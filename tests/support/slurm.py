@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.daemons import free_port
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
 NODES = ("n1", "n2")
 GPUS_PER_NODE = 4
@@ -39,12 +41,6 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return "a local Slurm needs root: slurmd launches jobs as their user"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _conf(root: Path, ports: dict[str, int]) -> str:
@@ -123,7 +119,7 @@ class LocalSlurm:
             key.chmod(0o400)
         for i in range(GPUS_PER_NODE):
             (root / "dev" / f"nvidia{i}").touch()
-        ports = {"ctld": _free_port(), **{n: _free_port() for n in NODES}}
+        ports = {"ctld": free_port(), **{n: free_port() for n in NODES}}
         self.conf.write_text(_conf(root, ports))
         (root / "gres.conf").write_text(
             f"NodeName={','.join(NODES)} Name=gpu File={root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]\n"
