@@ -12,6 +12,8 @@
 
 # No `from __future__ import annotations` here: DDP inspects a comm hook's annotations and
 # rejects string ones, so they must stay real objects.
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,12 +123,52 @@ def probe(size_bytes: int | None = None) -> ProbeResult:
     )
 
 
+class DeviceCompletions:
+    """Calls `leave(now)` when work queued on a CUDA stream has finished, from one thread.
+
+    NCCL's futures complete when the all-reduce is *enqueued*, not when it is done, so
+    their `then()` callbacks run at once on the host: timed there, every NCCL all-reduce
+    would read ~0 s and a rank whose GPU waits on a stuck peer would say it computes. The
+    callback records a CUDA event instead, and this thread waits for each in turn
+    (`Event.synchronize` releases the GIL; one stream's events finish in order).
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Any, Callable[[float], None]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def after(self, device: torch.device, leave: Callable[[float], None]) -> None:
+        """`leave(now)` once what is queued on `device`'s current stream has run."""
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(device))
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._wait, name="gpud-collectives", daemon=True
+                )
+                self._thread.start()
+        self._queue.put((event, leave))
+
+    def _wait(self) -> None:
+        while True:
+            event, leave = self._queue.get()
+            try:
+                event.synchronize()
+            finally:
+                leave(time.time())
+
+
+_DEVICE = DeviceCompletions()
+
+
 def watch_ddp(model: Any, enter: Callable[[float], None], leave: Callable[[float], None]) -> None:
     """Mark DDP's gradient all-reduces (the default averaging, unchanged otherwise) as
     collectives: `enter(now)` when one is launched, `leave(now)` when it completes.
 
     Entry matters as much as completion: a rank blocked in an all-reduce that never
     completes (another rank is stuck) must say it waits from the moment it launched it.
+    On a GPU, completion is when the all-reduce has run on the device (DeviceCompletions).
     """
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -139,8 +181,16 @@ def watch_ddp(model: Any, enter: Callable[[float], None], leave: Callable[[float
             raise
 
         def done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            leave(time.time())  # first: a failed all-reduce raises in value()
-            return fut.value()
+            try:
+                tensor = fut.value()
+            except BaseException:
+                leave(time.time())  # a failed all-reduce is over too
+                raise
+            if tensor.is_cuda:
+                _DEVICE.after(tensor.device, leave)
+            else:
+                leave(time.time())
+            return tensor
 
         return future.then(done)
 
