@@ -78,8 +78,13 @@ class GpuSample(Reading):
     sm_occupancy_pct: float | None = Field(None, description="GPM SM occupancy (Hopper+)")
     tensor_activity_pct: float | None = Field(None, description="GPM tensor-core activity")
     # memory
-    memory_used_bytes: int | None = None
+    memory_used_bytes: int | None = Field(
+        None, description="in use, not counting what the driver reserves (as nvidia-smi)"
+    )
     memory_total_bytes: int | None = None
+    memory_reserved_bytes: int | None = Field(
+        None, description="reserved by the driver (NVML v2 memory info; None before it)"
+    )
     # thermals and power
     temperature_c: float | None = None
     power_w: float | None = None

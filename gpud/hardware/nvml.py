@@ -100,6 +100,7 @@ class _Gpu:
     serial: str | None = None
     compute_capability: tuple[int, int] | None = None
     memory_total_bytes: int | None = None
+    memory_v1: bool = False  # the driver has no v2 memory info
     clock_sm_max_mhz: int | None = None
     clock_mem_max_mhz: int | None = None
     pcie_link_gen_max: int | None = None
@@ -282,6 +283,20 @@ class NvmlSampler:
         """`_call` for the usual NVML shape: a function of the GPU's handle and more."""
         return self._call(gpu, name, gpu.handle, *args)
 
+    def _memory(self, gpu: _Gpu) -> Any:
+        """Memory info, v2 where the driver has it: its `used` leaves out what the driver
+        reserves (`reserved`), as nvidia-smi and dcgm-exporter count it. v1's `used`
+        includes it: ~500 MiB "used" on an idle H100 that nvidia-smi shows at 0 MiB."""
+        version = getattr(self._nvml, "nvmlMemory_v2", None)
+        if version is not None and not gpu.memory_v1:
+            memory = self._read(gpu, "nvmlDeviceGetMemoryInfo", version)
+            if memory is not None or gpu.lost:
+                return memory
+            memory = self._read(gpu, "nvmlDeviceGetMemoryInfo")
+            gpu.memory_v1 = memory is not None  # v2 fails where v1 works: an older driver
+            return memory
+        return self._read(gpu, "nvmlDeviceGetMemoryInfo")
+
     # -- opening -------------------------------------------------------------------------
 
     def _read_system_info(self) -> GpuSystemInfo:
@@ -309,7 +324,7 @@ class NvmlSampler:
         gpu.serial = text(self._read(gpu, "nvmlDeviceGetSerial"))
         cc = self._read(gpu, "nvmlDeviceGetCudaComputeCapability")
         gpu.compute_capability = None if cc is None else (int(cc[0]), int(cc[1]))
-        memory = self._read(gpu, "nvmlDeviceGetMemoryInfo")
+        memory = self._memory(gpu)
         gpu.memory_total_bytes = None if memory is None else int(memory.total)
         gpu.clock_sm_max_mhz = as_int(
             self._read(gpu, "nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
@@ -351,7 +366,7 @@ class NvmlSampler:
         nvml = self._nvml
         util = self._read(gpu, "nvmlDeviceGetUtilizationRates")
         sm_activity, sm_occupancy, tensor_activity = self._read_gpm(gpu)
-        memory = self._read(gpu, "nvmlDeviceGetMemoryInfo")
+        memory = self._memory(gpu)
         # The "throttle" name is the pre-535 spelling of the same bitmask.
         reasons = self._read(gpu, "nvmlDeviceGetCurrentClocksEventReasons")
         if reasons is None:
@@ -387,6 +402,7 @@ class NvmlSampler:
             sm_occupancy_pct=sm_occupancy,
             tensor_activity_pct=tensor_activity,
             memory_used_bytes=None if memory is None else int(memory.used),
+            memory_reserved_bytes=as_int(getattr(memory, "reserved", None)),
             memory_total_bytes=gpu.memory_total_bytes,
             temperature_c=as_int(
                 self._read(gpu, "nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)

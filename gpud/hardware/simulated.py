@@ -22,6 +22,10 @@ from gpud.snapshot import Backend, GpuProcess, GpuSample, NvLinkSample
 MIB = 1024 * 1024
 
 
+#: What the driver of an H100 80GB HBM3 reserves (NVML v2), seen on one: 2026-11-24.
+RESERVED_BYTES = 480 * MIB
+
+
 @dataclass(frozen=True)
 class SimulatedModel:
     """The static facts of the simulated GPU model."""
@@ -155,6 +159,7 @@ class SimulatedSampler:
             tensor_activity_pct=round(util * 0.55, 1),
             memory_used_bytes=memory_used,
             memory_total_bytes=m.memory_total_bytes,
+            memory_reserved_bytes=RESERVED_BYTES,
             temperature_c=round(temperature, 1),
             power_w=round(power, 1),
             power_limit_w=m.power_limit_w,

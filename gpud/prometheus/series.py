@@ -52,7 +52,7 @@ def _mib(n: int | None) -> float | None:
 def _free(g: GpuSample) -> float | None:
     if g.memory_total_bytes is None or g.memory_used_bytes is None:
         return None
-    return (g.memory_total_bytes - g.memory_used_bytes) / MIB
+    return (g.memory_total_bytes - g.memory_used_bytes - (g.memory_reserved_bytes or 0)) / MIB
 
 
 def _links(g: GpuSample, pick: Callable[..., float | int | None]) -> float | None:
@@ -81,6 +81,8 @@ FIELDS: tuple[GpuField, ...] = (
     GpuField("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _free),
     GpuField("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).",
              lambda g: _mib(g.memory_total_bytes)),
+    GpuField("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).",
+             lambda g: _mib(g.memory_reserved_bytes)),
     GpuField("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda g: g.clock_sm_mhz),
     GpuField("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).",
              lambda g: g.clock_mem_mhz),

@@ -57,6 +57,7 @@ class FakeGpu:
     utilization: tuple[int, int] = (87, 41)  # gpu %, memory %
     memory_used: int = 30 * GIB
     memory_total: int = 80 * GIB
+    memory_reserved: int = 512 * 1024**2  # what the driver keeps (v2 memory info)
     temperature: int = 64
     power_mw: int = 512_345
     power_limit_mw: int = 700_000
@@ -189,7 +190,7 @@ class FakeNvml:
 
     def __getattr__(self, name: str) -> Any:
         # Only what pynvml defines as data: constants, error classes, ctypes structs.
-        if name.startswith(("NVML", "nvmlEventType", "c_nvml")):
+        if name.startswith(("NVML", "nvmlEventType", "c_nvml", "nvmlMemory_v")):
             return getattr(pynvml, name)
         raise AttributeError(name)
 
@@ -286,9 +287,19 @@ class FakeNvml:
         return pynvml.c_nvmlUtilization_t(gpu=gpu.utilization[0], memory=gpu.utilization[1])
 
     @_device_call
-    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> pynvml.c_nvmlMemory_t:
-        free = gpu.memory_total - gpu.memory_used
-        return pynvml.c_nvmlMemory_t(total=gpu.memory_total, free=free, used=gpu.memory_used)
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu, version: int | None = None) -> Any:
+        """v1 counts the reserved memory as used; v2 (newer drivers) reports it apart."""
+        free = gpu.memory_total - gpu.memory_used - gpu.memory_reserved
+        if version is None:
+            used = gpu.memory_used + gpu.memory_reserved
+            return pynvml.c_nvmlMemory_t(total=gpu.memory_total, free=free, used=used)
+        if "nvmlMemory_v2" in gpu.unsupported:  # an older driver
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        assert version == pynvml.nvmlMemory_v2
+        return pynvml.c_nvmlMemory_v2_t(
+            version=version, total=gpu.memory_total, reserved=gpu.memory_reserved, free=free,
+            used=gpu.memory_used,
+        )  # fmt: skip
 
     @_device_call
     def nvmlDeviceGetTemperature(self, gpu: FakeGpu, sensor: int) -> int:

@@ -110,6 +110,7 @@ def test_maps_every_field_with_unit_conversions(open_sampler: OpenSampler) -> No
     assert s.compute_capability == (9, 0)
     assert (s.utilization_gpu_pct, s.utilization_memory_pct) == (87.0, 41.0)
     assert (s.memory_used_bytes, s.memory_total_bytes) == (30 * GIB, 80 * GIB)
+    assert s.memory_reserved_bytes == 512 * 1024**2  # apart from used, as nvidia-smi shows
     assert s.temperature_c == 64
     assert s.power_w == pytest.approx(512.345)  # mW → W
     assert s.power_limit_w == 700.0
@@ -146,6 +147,19 @@ def test_maps_every_field_with_unit_conversions(open_sampler: OpenSampler) -> No
         (4444, "proc-4444", None),  # NVML_VALUE_NOT_AVAILABLE
     ]
     assert s.xid.total == 0
+
+
+def test_an_older_driver_without_v2_memory_info_counts_reserved_memory_as_used(
+    open_sampler: OpenSampler,
+) -> None:
+    nvml = FakeNvml([FakeGpu(unsupported={"nvmlMemory_v2"})])
+    sampler = open_sampler(nvml)
+    for _ in range(3):
+        (s,) = sampler.sample()
+        assert s.memory_used_bytes == 30 * GIB + 512 * 1024**2  # v1: what the driver says
+        assert s.memory_reserved_bytes is None
+    # v2 is asked once (at open), then never again: v1 from then on.
+    assert nvml.calls["nvmlDeviceGetMemoryInfo"] == 2 + 3
 
 
 def test_system_info(open_sampler: OpenSampler) -> None:
