@@ -158,6 +158,10 @@ FIELDS: tuple[GpuField, ...] = (
 )  # fmt: skip
 
 
+#: The states in which a run trains, so has a throughput.
+TRAINING = frozenset({RunState.RUNNING, RunState.STOPPING})
+
+
 @dataclass(frozen=True)
 class RunOnNode:
     """A run as this node knows it: its summary, its latest health (node 0 only), and
@@ -174,7 +178,10 @@ class RunOnNode:
 
     def throughput(self) -> tuple[float | None, float | None]:
         """(samples/s, tokens/s): what the trainer logs under a throughput name, else the
-        step rate (the ranks' median step time) × the global batch (× seq_len)."""
+        step rate (the ranks' median step time) × the global batch (× seq_len). None
+        unless the run is training now: a stopped run's last rate is not a rate."""
+        if self.summary.state not in TRAINING:
+            return None, None
         logged = self.summary.last_values
         samples = next((logged[n] for n in SAMPLES_PER_S_NAMES if n in logged), None)
         tokens = next((logged[n] for n in TOKENS_PER_S_NAMES if n in logged), None)

@@ -9,9 +9,9 @@ from gpud.protocol import RunSummary
 from gpud.runmodel import HealthSummary, RankView, RunState, Stall
 
 
-def summary(**values: float) -> RunSummary:
+def summary(state: RunState = RunState.RUNNING, **values: float) -> RunSummary:
     return RunSummary(
-        id="r-1", name="demo", state=RunState.RUNNING, state_since=0.0, attempt=1,
+        id="r-1", name="demo", state=state, state_since=0.0, attempt=1,
         created_at=0.0, node_rank=0, nodes=[], launcher="torchrun", last_values=values,
     )  # fmt: skip
 
@@ -53,6 +53,15 @@ def test_what_the_trainer_logs_wins_and_nothing_is_made_up() -> None:
     assert "gpud_run_tokens_per_second" not in rendered(logged)  # no seq_len, none logged
     unknown = RunOnNode(summary(loss=1.0), health([1.0]))  # no batch size in the spec
     assert "gpud_run_samples_per_second" not in rendered(unknown)
+
+
+def test_a_run_that_does_not_train_now_has_no_throughput() -> None:
+    # Seen on an H100: a stopped run kept exporting its last 52k samples/s.
+    for state in (RunState.STOPPED, RunState.SUCCEEDED, RunState.QUEUED, RunState.PENDING):
+        run = RunOnNode(summary(state, samples_per_s=3.0), health([0.5]), samples_per_rank_step=16)
+        assert "gpud_run_samples_per_second" not in rendered(run), state
+    stopping = RunOnNode(summary(RunState.STOPPING), health([0.5]), samples_per_rank_step=16)
+    assert rendered(stopping)["gpud_run_samples_per_second"] == {(): 32.0}
 
 
 def test_straggler_and_stalled_flags_are_there_for_every_rank() -> None:
