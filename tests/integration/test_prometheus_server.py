@@ -4,10 +4,12 @@ Skipped, with the reason, where the binary is absent; `.ci/run` installs it."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -177,3 +179,57 @@ def test_every_dashboard_panel_finds_data_in_a_real_prometheus(
         assert float(verdict[0]["value"][1]) in {0.0, 1.0, 2.0}  # ok, idle or degraded
     finally:
         force_stop(daemon, run_id)
+
+
+#: gpud's /metrics on a real H100 80GB HBM3 (PCIe, in a VM: no NVLink, no fan), with a
+#: running NCCL run on it, 2026-11-24 (docs/verified-on-gpu.md).
+H100_SCRAPE = Path(__file__).parent / "data" / "h100-metrics.txt"
+#: What that GPU does not offer, so gpud leaves out (never 0).
+H100_ABSENT = ("NVLINK", "nvlink", "FAN_SPEED")
+
+
+@pytest.fixture
+def recorded_scrape() -> Iterator[int]:
+    """An HTTP server that answers every GET with the recorded H100 scrape."""
+    body = H100_SCRAPE.read_bytes()
+
+    class Replay(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Replay)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield int(server.server_address[1])
+    server.shutdown()
+
+
+def test_the_dashboards_gpu_panels_find_data_in_a_real_h100s_series(
+    recorded_scrape: int, prometheus_for: Callable[[int], Prometheus]
+) -> None:
+    prometheus = prometheus_for(recorded_scrape)
+    util = prometheus.wait_for("DCGM_FI_DEV_GPU_UTIL", 1)
+    assert util[0]["metric"]["modelName"] == "NVIDIA H100 80GB HBM3"
+    assert "simulated" not in util[0]["metric"]  # real: no simulated="true" (empty is none)
+    time.sleep(3)  # a few scrapes, for the panels that take a rate
+    dashboard = json.loads(DASHBOARD.read_text())
+    checked, empty = 0, []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            if "DCGM_FI" not in expr or any(name in expr for name in H100_ABSENT):
+                continue
+            checked += 1
+            if not prometheus.query(grafana_to_promql(expr)):
+                empty.append(f"{panel['title']}: {expr}")
+    assert checked >= 12, checked
+    assert not empty, "GPU panels with no data on a real H100:\n" + "\n".join(empty)
+    # The run on that GPU is named on its series, as on simulated ones.
+    ranked = prometheus.query('DCGM_FI_DEV_FB_USED{run!=""}')
+    assert [(s["metric"]["gpu"], s["metric"]["rank"]) for s in ranked] == [("0", "0")]
