@@ -98,6 +98,13 @@ def main() -> None:
     help="Plain HTTP /metrics on a non-loopback address (refused otherwise).",
 )
 @click.option(
+    "--attach",
+    envvar="GPUD_ATTACH_DIR",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Let runs gpud did not start (Slurm jobs, pods) report here: the attach and"
+    " ingest sockets go in this directory, e.g. /run/gpud [off].",
+)
+@click.option(
     "--insecure",
     envvar="GPUD_INSECURE",
     is_flag=True,

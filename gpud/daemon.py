@@ -24,6 +24,7 @@ import zmq
 import zmq.asyncio
 
 from gpud import __version__
+from gpud.attach.server import INGEST_NAME, AttachServer, prepare_dir
 from gpud.audit import AuditLog
 from gpud.auth import (
     ZAP_DOMAIN,
@@ -86,6 +87,7 @@ from gpud.protocol import (
 )
 from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 from gpud.runmodel import TrainerMessage
+from gpud.runs.attached import AttachConfig
 from gpud.runs.simload import SimulatedLoads
 from gpud.runs.supervisor import Supervisor
 from gpud.settings import ServeSettings
@@ -126,6 +128,15 @@ def _local_endpoint(bound: str) -> str:
     """The address a local client uses for a socket bound to `bound`."""
     if endpoint_host(bound) in ("0.0.0.0", "*", "::"):
         return events_endpoint_for("tcp://127.0.0.1:0", bound)
+    return bound
+
+
+def _peer_endpoint(bound: str) -> str:
+    """The control address other nodes' daemons reach this one at (a wildcard bind is
+    named by this host's name)."""
+    host = endpoint_host(bound)
+    if host in ("0.0.0.0", "*", "::"):
+        return bound.replace(host, socket.getfqdn(), 1)
     return bound
 
 
@@ -250,15 +261,26 @@ class Daemon:
 
     def _start_runs(self) -> None:
         assert self._ctx is not None and self._store is not None
+        attach = self.settings.attach
+        shared = f"ipc://{attach / INGEST_NAME}" if attach is not None else None
+        if attach is not None:
+            try:
+                prepare_dir(attach)
+            except OSError as exc:
+                raise StartupError(f"cannot use --attach {attach}: {exc.strerror}") from None
         try:
             self._ingest = Ingest(
                 self._ctx,
                 self.state.ipc_endpoint("ingest"),
                 self.state.ipc_endpoint("trainer-control"),
                 self._on_trainer_message,
+                shared=shared,
+                authorize=self._authorize_attached,
             )
         except zmq.ZMQError as exc:
             raise StartupError(f"cannot bind the trainer sockets: {exc.strerror}") from None
+        if attach is not None:
+            os.chmod(attach / INGEST_NAME, 0o666)  # every message on it carries a token
         assert self._publisher is not None
         self._supervisor = Supervisor(
             node=self.settings.node_name,
@@ -271,6 +293,9 @@ class Daemon:
             peer_keys=self.peer_keys,
             keys=self._keys,
             clock=self._clock,
+            attach=AttachConfig(control=_peer_endpoint(self.settings.control), ingest=shared)
+            if shared is not None
+            else None,
         )
         self._supervisor.adopt()
 
@@ -289,6 +314,10 @@ class Daemon:
         gpus = self._sampler.gpus
         # The sampler thread is the only one that touches the GPU sampler.
         return await asyncio.get_running_loop().run_in_executor(self._executor, gpus.sample)
+
+    def _authorize_attached(self, token: str, message: TrainerMessage) -> bool:
+        sup = self._supervisor
+        return sup is not None and sup.attached_runs.authorize(token, message)
 
     def _on_trainer_message(self, kind: str, message: TrainerMessage) -> None:
         if self._supervisor is not None:
@@ -437,6 +466,7 @@ class Daemon:
             self._control_sock, self.registry(), self._audit, self._authorizer, control_guard
         )
         metrics = await self._start_metrics()
+        attach = await self._start_attach()
         assert self._supervisor is not None and self._ingest is not None
         assert self._publisher is not None
         tasks = [
@@ -449,6 +479,8 @@ class Daemon:
         ]
         stop = asyncio.create_task(self._stop.wait(), name="stop")
         done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if attach is not None:
+            await attach.close()  # first: a stopping daemon ends no attached run
         for task in [stop, *tasks]:
             task.cancel()
         await asyncio.gather(stop, *tasks, return_exceptions=True)
@@ -473,6 +505,18 @@ class Daemon:
         endpoint = metrics_endpoint.MetricsEndpoint(self._metrics_sock, source, tls)
         await endpoint.start()
         return endpoint
+
+    async def _start_attach(self) -> AttachServer | None:
+        attach = self.settings.attach
+        if attach is None or self._supervisor is None:
+            return None
+        server = AttachServer(attach, self._supervisor.attached_runs)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise StartupError(f"cannot serve --attach {attach}: {exc.strerror}") from None
+        log.info("attach socket %s: runs gpud did not start may report here", server.path)
+        return server
 
     def _daemon_stats(self) -> DaemonStats:
         cpu, rss = self._process.usage()

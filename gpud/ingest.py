@@ -4,6 +4,11 @@ Ranks PUSH two-frame messages `[kind, json]` (see `gpud.runmodel.TRAINER_MESSAGE
 is validated strictly and handed to the supervisor, or dropped and counted. Stop requests
 go out on the control PUB with the run id as topic. Both sockets live in the state dir
 (mode 0700), so only the daemon's own user reaches them.
+
+With `--attach`, a third socket takes the ranks of runs gpud did not start (Slurm jobs,
+pods: `gpud.runs.attached`): a PULL that any local user can reach, so every message on it
+has a third frame, the token its run's part runner registered, and is dropped unless
+`authorize(token, message)` says the token belongs to that run and attempt.
 """
 
 from __future__ import annotations
@@ -22,22 +27,37 @@ from gpud.runmodel import TRAINER_MESSAGES, TrainerMessage
 log = logging.getLogger("gpud.ingest")
 
 Handler = Callable[[str, TrainerMessage], None]
+Authorize = Callable[[str, TrainerMessage], bool]
 BATCH = 512
+#: The shared socket is open to every local user: small messages (a heartbeat is ~0.5 kB,
+#: a metrics message of 100 values ~4 kB) and a short queue bound what one connection can
+#: make the daemon hold (a bigger message cuts the connection).
+SHARED_MAX_BYTES = 64 * 1024
+SHARED_HWM = 1000
 
 
 class Ingest:
     def __init__(
-        self, ctx: zmq.asyncio.Context, ingest: str, control: str, handler: Handler
+        self,
+        ctx: zmq.asyncio.Context,
+        ingest: str,
+        control: str,
+        handler: Handler,
+        shared: str | None = None,
+        authorize: Authorize | None = None,
     ) -> None:
         self.ingest_endpoint = ingest
         self.control_endpoint = control
+        self.shared_endpoint = shared
         self._handler = handler
-        self._pull = ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        self._pull.setsockopt(zmq.RCVHWM, 100_000)
-        self._pull.linger = 0
-        self._pull.bind(ingest)
+        self._authorize = authorize
+        self._pull = _pull(ctx, ingest)
         self._sync_pull: zmq.Socket[bytes] = zmq.Socket.shadow(self._pull.underlying)
+        self._shared: zmq.asyncio.Socket | None = None
+        self._sync_shared: zmq.Socket[bytes] | None = None
+        if shared is not None:
+            self._shared = _pull(ctx, shared, SHARED_MAX_BYTES, SHARED_HWM)
+            self._sync_shared = zmq.Socket.shadow(self._shared.underlying)
         self._control = ctx.socket(zmq.PUB)
         self._control.linger = 0
         self._control.bind(control)
@@ -46,25 +66,40 @@ class Ingest:
         self.rejected = 0
 
     async def serve(self) -> None:
+        poller = zmq.asyncio.Poller()
+        poller.register(self._pull, zmq.POLLIN)
+        if self._shared is not None:
+            poller.register(self._shared, zmq.POLLIN)
         while True:
-            await self._pull.poll()
-            for _ in range(BATCH):
-                try:
-                    frames = self._sync_pull.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._accept(frames)
+            await poller.poll()
+            self._drain(self._sync_pull, shared=False)
+            if self._sync_shared is not None:
+                self._drain(self._sync_shared, shared=True)
 
-    def _accept(self, frames: list[bytes]) -> None:
+    def _drain(self, sock: zmq.Socket[bytes], shared: bool) -> None:
+        for _ in range(BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._accept(frames, shared)
+
+    def _accept(self, frames: list[bytes], shared: bool = False) -> None:
+        expected = 3 if shared else 2
         model = TRAINER_MESSAGES.get(frames[0].decode(errors="replace")) if frames else None
-        if len(frames) != 2 or model is None:
-            self._reject("unknown message kind")
+        if len(frames) != expected or model is None:
+            self._reject("unknown message kind" if model is None else "wrong frame count")
             return
         try:
             message = model.model_validate_json(frames[1])
         except ValidationError as exc:
             self._reject(exc.errors()[0]["msg"])
             return
+        if shared:
+            token = frames[2].decode(errors="replace")
+            if self._authorize is None or not self._authorize(token, message):
+                self._reject(f"no valid token for run {message.run!r}")
+                return
         self.received += 1
         try:
             self._handler(frames[0].decode(), message)
@@ -94,3 +129,16 @@ class Ingest:
     def close(self) -> None:
         self._pull.close(linger=0)
         self._control.close(linger=0)
+        if self._shared is not None:
+            self._shared.close(linger=0)
+
+
+def _pull(
+    ctx: zmq.asyncio.Context, endpoint: str, max_bytes: int = MAX_FRAME_BYTES, hwm: int = 100_000
+) -> zmq.asyncio.Socket:
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.linger = 0
+    sock.bind(endpoint)
+    return sock

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
 from gpud.runmodel import (
+    Attachment,
     AttemptRecord,
     CheckpointRef,
     FailureCause,
@@ -325,6 +326,9 @@ class RunSummary(Reading):
     cause: FailureCause | None = Field(None, description="why the latest failed attempt failed")
     start: str | None = Field(
         None, description="what the current attempt started from: a checkpoint and step, or scratch"
+    )
+    attached: Attachment | None = Field(
+        None, description="a run gpud did not start (a Slurm job, a pod): gpud watches it only"
     )
 
     @property

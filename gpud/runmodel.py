@@ -279,6 +279,17 @@ class AttemptChanges(TypedDict, total=False):
     start: str | None
 
 
+class Attachment(Reading):
+    """A run gpud did not start (a Slurm job's part, a pod) that reports to this daemon
+    through its attach socket; who attached it, as the kernel said (SO_PEERCRED)."""
+
+    scheduler: str = Field(description="slurm, kubernetes or manual")
+    job_id: str | None = Field(None, description="the Slurm job of the attached part")
+    uid: int = Field(description="the user the part runs as: only they may attach it again")
+    user: str | None = Field(None, description="that user's name, where known")
+    host: str
+
+
 class RunRecord(Reading):
     """A run as one daemon knows it: its part, and for node 0 the whole gang."""
 
@@ -310,6 +321,9 @@ class RunRecord(Reading):
     resume_next: str | None = Field(
         None, description="the checkpoint the next attempt starts from (gpuctl resume --from)"
     )
+    attached: Attachment | None = Field(
+        None, description="a run gpud did not start: it only watches it (see gpud.attach)"
+    )
 
     @property
     def queue_key(self) -> tuple[float, str]:
@@ -334,6 +348,9 @@ class RunChanges(TypedDict, total=False):
     queued_restart: bool
     cause: FailureCause | None
     resume_next: str | None
+    nodes: list[NodeRef]
+    coordinator: NodeRef | None
+    attached: Attachment | None
 
 
 class RunEvent(Reading):

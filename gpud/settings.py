@@ -64,6 +64,11 @@ class ServeSettings(BaseModel):
     metrics_insecure: bool = Field(
         False, description="serve /metrics in plain HTTP on a non-loopback address"
     )
+    attach: Path | None = Field(
+        None,
+        description="directory of the attach and shared ingest sockets, for runs gpud did not"
+        " start (Slurm jobs, pods); off unless set",
+    )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")
 

@@ -62,3 +62,10 @@ def slurm() -> Iterator[LocalSlurm]:
     yield cluster
     cluster.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(slurm: LocalSlurm, monkeypatch: pytest.MonkeyPatch) -> LocalSlurm:
+    """The local Slurm, with this test's gpuctl and daemons pointed at it."""
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    return slurm

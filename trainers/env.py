@@ -44,6 +44,7 @@ class RunEnv:
     run_id: str | None
     run_dir: str | None
     ingest: str | None
+    ingest_token: str | None  # a run gpud did not start: what each message carries
     control: str | None
     node: str | None
     node_rank: int
@@ -72,6 +73,7 @@ class RunEnv:
             run_id=env.get("GPUD_RUN_ID") or None,
             run_dir=env.get("GPUD_RUN_DIR") or None,
             ingest=env.get("GPUD_INGEST") or None,
+            ingest_token=env.get("GPUD_INGEST_TOKEN") or None,
             control=env.get("GPUD_CONTROL") or None,
             node=env.get("GPUD_NODE") or None,
             node_rank=_int(env, "GPUD_NODE_RANK", 0) or 0,

@@ -1,6 +1,8 @@
 """The link between one rank and its gpud: one background thread owns every socket.
 
-Out (PUSH → the daemon's ingest): metrics, heartbeats, checkpoint reports. In (SUB ← the
+Out (PUSH → the daemon's ingest): metrics, heartbeats, checkpoint reports; in a run gpud did
+not start (a Slurm job attached to its node's daemon), each with the run's token as a third
+frame. In (SUB ← the
 daemon's trainer-control PUB): stop requests for this run. The training thread only ever
 appends to a bounded deque, so it never blocks and never touches zmq; when the queue is
 full, or gpud is down (the PUSH socket has no live peer), messages are dropped and counted.
@@ -43,8 +45,10 @@ class GpudLink:
         on_dump: Callable[[], None] | None = None,
         ticker: Callable[[], list[Item]] | None = None,
         mirror: WandbMirror | None = None,
+        token: str | None = None,
     ) -> None:
         self.run_id = run_id
+        self._token = [token.encode()] if token else []
         self.queue: deque[Item] = deque(maxlen=QUEUE_CAPACITY)
         self.dropped_queue = 0
         self.dropped_send = 0
@@ -164,7 +168,7 @@ class GpudLink:
             if push is None:
                 continue
             try:
-                push.send_multipart([kind.encode(), data.encode()], zmq.NOBLOCK)
+                push.send_multipart([kind.encode(), data.encode(), *self._token], zmq.NOBLOCK)
                 self.sent += 1
             except zmq.Again:
                 self.dropped_send += 1

@@ -88,6 +88,7 @@ class Run:
             on_dump=self._dump_flight_recorder,
             ticker=self._tick,
             mirror=mirror,
+            token=env.ingest_token,
         )
         self._send(
             "hello",

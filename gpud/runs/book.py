@@ -263,6 +263,7 @@ class RunBook:
             queue_position=self._position(run),
             cause=run.cause,
             start=attempt.start if attempt else None,
+            attached=run.attached,
         )
 
     def _position(self, run: RunRecord) -> int | None:

@@ -200,7 +200,7 @@ class Gang:
 
     def view(self, run: RunRecord) -> GangView:
         view = self.views.get(run.id)
-        if view is None:
+        if view is None or view.nodes != run.nodes:  # an attached run learns its nodes late
             view = self.views[run.id] = GangView(run.nodes, since=self.book.clock())
         return view
 
@@ -221,7 +221,11 @@ class Gang:
         return [mine, *others]
 
     async def _poll(self, run: RunRecord, view: GangView) -> None:
-        ranks = [r for r in self._others(run) if view.parts[r].state is not RunState.LOST]
+        ranks = [
+            r
+            for r in self._others(run)
+            if view.parts[r].state is not RunState.LOST and run.nodes[r].control
+        ]
         request = PartStatusRequest(run_id=run.id)
         replies = await self._call(run, ranks, PART_STATUS, _each(request))
         healths = await self._call(run, ranks, PART_HEALTH, _each(request))
@@ -267,6 +271,8 @@ class Gang:
             if len(run.nodes) > 1 and now - view.last_poll >= POLL_S and self._idle(run.id):
                 view.last_poll = now
                 self._background(run.id, self._poll(run, view))
+            if run.attached is not None:
+                continue  # its scheduler decides its fate: node 0 only reads the others
             await self._carry_out(run, view, now)
         if self._orphans and now - self._orphan_poll >= ORPHAN_POLL_S:
             self._orphan_poll = now

@@ -58,6 +58,9 @@ class Part:
         self.pids_seen: set[int] = set()
         #: The cgroup's OOM-kill count when the part started (None: cannot be told).
         self.oom_kills_at_start: int | None = None
+        #: Started by a scheduler, not by gpud (gpud.runs.attached): its "shim" is the part
+        #: runner, its end comes from the attach socket, and gpud never signals it.
+        self.external = False
 
     # ------------------------------------------------------------------ paths
 

@@ -60,6 +60,7 @@ from gpud.runmodel import (
     new_run_id,
 )
 from gpud.runs import causes, flight, gang
+from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.book import Publish, RunBook, check_coordinator
 from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint
 from gpud.runs.gpus import Gpu
@@ -111,6 +112,7 @@ class Supervisor:
         peer_keys: PeerKeys,
         keys: KeyPair | None,
         clock: Callable[[], float] = time.time,
+        attach: AttachConfig | None = None,
     ) -> None:
         self.node = node
         self.state = state
@@ -125,6 +127,10 @@ class Supervisor:
         self.book.on_ended.append(self.telemetry.final)
         self.gang = gang.Gang(self.book, self, keys, self.telemetry.set_peer_health)
         self.queries = Queries(self.book, self.gang, self.telemetry)
+        self.attached_runs = AttachedRuns(
+            self.book, peer_keys, node=node, server_key=keys.public_text if keys else None,
+            config=attach or AttachConfig(control="", ingest=""),
+        )  # fmt: skip
         self.leases = GpuLeases(node, store, hardware, self._run_name, clock)
         self._extractors: dict[str, MetricExtractor] = {}
         self._last_stop_sent: dict[str, float] = {}
@@ -147,6 +153,10 @@ class Supervisor:
             run = owner
             part = Part(record, self.clock)
             self.book.add_part(part)
+            if run.attached is not None:
+                self.attached_runs.adopt(part, self.clock())
+                self.book.event(run, "adopt", "waiting for its part runner to attach again")
+                continue
             alive = part.shim_alive()
             what = (
                 "re-adopted after a daemon restart"
@@ -502,6 +512,8 @@ class Supervisor:
     def part_stop(self, req: PartStopRequest, caller: Caller) -> AttemptRecord:
         run = self.book.find(req.run_id)
         check_coordinator(run, caller)
+        if run.attached is not None:
+            raise refuse_control(run, "stop")
         if req.failed:
             self.stop_part(
                 run,
@@ -555,6 +567,8 @@ class Supervisor:
         run = self.book.find(req.run)
         if run.state.terminal:
             return self.book.summary(run)
+        if run.attached is not None:
+            raise refuse_control(run, "stop")
         reason = f"stop requested by {caller.name}"
         if run.state is RunState.QUEUED:
             if run.is_coordinator:
@@ -577,6 +591,8 @@ class Supervisor:
 
     async def resume(self, req: ResumeRequest, caller: Caller) -> RunSummary:
         run = self.book.find(req.run)
+        if run.attached is not None:
+            raise refuse_control(run, "resume")
         if not run.is_coordinator:
             where = run.nodes[0].control.removeprefix("tcp://")
             raise ProtocolError(
@@ -656,8 +672,8 @@ class Supervisor:
         now = self.clock()
         for run, part in self.book.parts():
             self._follow_log(run, part)
-            if part.record.state.terminal:
-                continue
+            if part.record.state.terminal or part.external:
+                continue  # an attached part ends through the attach socket
             if now - self._last_pids.get(run.id, 0.0) >= PIDS_EVERY_S:
                 self._last_pids[run.id] = now
                 part.remember_pids()
@@ -669,6 +685,7 @@ class Supervisor:
         if now - self._last_expire >= EXPIRE_EVERY_S:
             self._last_expire = now
             self.leases.expire(self._live_parts(), now)
+        self.attached_runs.tick(now)
         self.telemetry.tick(now)
         self._find_hangs(now)
         await self.gang.tick(now)
@@ -682,6 +699,8 @@ class Supervisor:
             run = self.book.get(run_id)
             if run is None or run.state is not RunState.RUNNING or run.attempt != health.attempt:
                 continue
+            if run.attached is not None:
+                continue  # gpud never stops what it did not start: the health says stalled
             timeout = _spec_of(run).restart.hang_timeout_s
             if timeout is None or stall.stuck_for_s < timeout:
                 continue

@@ -16,22 +16,37 @@ after the first resumes from the newest checkpoint the run wrote.
 A stop arrives as SIGTERM to every process of the step (Slurm signals them all): the
 trainers checkpoint and exit, and this runner waits for them rather than die first and
 let slurmstepd kill the step mid-checkpoint.
+
+Where a gpud daemon runs on the node (its attach socket: `$GPUD_ATTACH`, else
+/run/gpud/attach.sock), the runner attaches the part to it (`gpud.attach`): the ranks send
+their metrics and heartbeats to it with a token only they know, and the run shows in
+gputop with its health like a run gpud launched. Without one the run works the same, and
+its metrics go to metrics.jsonl only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpud.attach.client import AttachLink, socket_path
+from gpud.attach.wire import AttachRequest, EndReport
+from gpud.runmodel import ExitInfo, RunState
 from gpud.runs import shim
+from gpud.runs.causes import find_cause
 from gpud.runs.checkpoints import newest_checkpoint
 from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
 from launch.spec import RunSpec, parse_spec
+
+#: What the ranks send with each message on the daemon's shared ingest.
+TOKEN_ENV = "GPUD_INGEST_TOKEN"
 
 
 class SlurmEnvError(RuntimeError):
@@ -89,13 +104,67 @@ def placement(
     )
 
 
+def attach(
+    config: Mapping[str, Any], spec: RunSpec, place: Placement, env: Mapping[str, str]
+) -> tuple[AttachLink | None, str, str]:
+    """Attach this part to the node's daemon: (link or None, the token, why not)."""
+    token = secrets.token_hex(16)
+    request = AttachRequest(
+        run_id=place.run_id,
+        name=spec.name,
+        attempt=place.attempt,
+        node_rank=place.node_rank,
+        nnodes=place.nnodes,
+        nproc=place.nproc_per_node,
+        host=place.node_name,
+        scheduler="slurm",
+        job_id=env.get("SLURM_JOB_ID") or None,
+        run_dir=place.run_dir,
+        attempt_dir=place.attempt_dir,
+        created_at=float(config["created_at"]),
+        spec=dict(config["spec"]),
+        token=token,
+        resume_from=place.resume_from,
+    )
+    link, why = AttachLink.open(socket_path(env, place.node_name), request)
+    return link, token, why
+
+
+def end_report(place: Placement, ended: Mapping[str, Any], stopping: bool) -> EndReport:
+    """How the part ended, for the daemon: as gpud judges a part it started."""
+    code, sig = ended.get("exit_code"), ended.get("signal")
+    if stopping:
+        why = "stopped by Slurm (SIGTERM: gpuctl stop, the time limit or a preemption)"
+        return EndReport(state=RunState.STOPPED, reason=why, exit_code=code, signal=sig)
+    if code == 0:
+        return EndReport(state=RunState.SUCCEEDED, reason="exit 0", exit_code=0)
+    attempt_dir = Path(place.attempt_dir)
+    try:
+        log_text = (attempt_dir / "output.log").read_text(errors="replace")[-65536:]
+    except OSError:
+        log_text = ""
+    cause = find_cause(
+        attempt_dir, log_text, ExitInfo(exit_code=code, signal=sig),
+        node_rank=place.node_rank, nproc=place.nproc_per_node,
+    )  # fmt: skip
+    rank = f"rank {cause.rank}: " if cause.rank is not None else ""
+    return EndReport(
+        state=RunState.FAILED,
+        reason=f"{rank}{cause.summary} ({cause.kind.label})",
+        exit_code=code,
+        signal=sig,
+        cause=cause,
+    )
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m gpud.slurm.part <run-dir>/slurm.json", file=sys.stderr)
         return 2
     # A stop is SIGTERM to every process of the step: the trainers act on theirs; this
     # runner outlives them, so that the step ends when they have.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     try:
         config = json.loads(Path(argv[0]).read_text())
         spec = parse_spec(config["spec"])
@@ -103,12 +172,17 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, KeyError, SlurmEnvError) as exc:
         print(f"gpud.slurm.part: error: {exc}", file=sys.stderr)
         return 2
+    link, token, why = attach(config, spec, place, os.environ)
+    if link is not None and link.reply is not None and link.reply.ingest:
+        place = dataclasses.replace(place, ingest=link.reply.ingest)
     command = build_command(spec, place)
     attempt_dir = Path(place.attempt_dir)
+    environ = command.environ(os.environ)
+    if link is not None:
+        environ[TOKEN_ENV] = token
     spec_path = shim.write_spec(
-        attempt_dir, command.files, command.argv, command.environ(os.environ), command.cwd,
-        attempt_dir / "output.log",
-    )  # fmt: skip
+        attempt_dir, command.files, command.argv, environ, command.cwd, attempt_dir / "output.log"
+    )
     (attempt_dir / "part.json").write_text(
         json.dumps(
             {"node_rank": place.node_rank, "node": place.node_name, "nproc": place.nproc_per_node}
@@ -121,8 +195,15 @@ def main(argv: list[str]) -> int:
         + (f", resuming from {place.resume_from}" if place.resume_from else ""),
         flush=True,
     )
+    if link is not None and link.reply is not None:
+        print(f"[gpud] reporting to gpud on {link.reply.node} ({link.path})", flush=True)
+        link.start()
+    else:
+        print(f"[gpud] {why}; metrics go to metrics.jsonl only", flush=True)
     shim.run(spec_path)
     ended = json.loads((attempt_dir / "exit.json").read_text())
+    if link is not None:
+        link.end(end_report(place, ended, bool(stopping)))
     code = ended.get("exit_code")
     return int(code) if code is not None else 128 + int(ended.get("signal") or 9)
 

@@ -88,13 +88,16 @@ def ps_command(ctl: Ctl, active: bool) -> None:
             lambda client: client.call(RUN_LIST, ListRequest(active_only=active))
         )
     merged: dict[str, RunSummary] = {r.id: r for r in on_slurm}
+    slurm_ids = set(merged)
     gpus: dict[str, dict[int, list[int]]] = {}  # run → node rank → GPUs held there
     for result in results:
         if isinstance(result.value, RunList):
             for run in result.value.runs:
-                # Node 0's record speaks for the whole gang.
-                if run.id not in merged or run.node_rank == 0:
-                    merged[run.id] = run
+                if run.id in slurm_ids:
+                    # Slurm says where the job is; the daemon it reports to, how far.
+                    merged[run.id] = slurm_verbs.with_progress(merged[run.id], run)
+                elif run.id not in merged or run.node_rank == 0:
+                    merged[run.id] = run  # node 0's record speaks for the whole gang
                 if run.gpus:
                     gpus.setdefault(run.id, {})[run.node_rank] = run.gpus
     runs = sorted(merged.values(), key=lambda r: r.created_at, reverse=True)

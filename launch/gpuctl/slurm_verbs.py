@@ -33,6 +33,21 @@ def summaries(active: bool) -> list[RunSummary]:
     return found
 
 
+def with_progress(slurm: RunSummary, daemon: RunSummary) -> RunSummary:
+    """A Slurm run's row: its state from Slurm (the truth), its progress from the daemon it
+    reports to (live; the run's metrics.jsonl lags by a flush)."""
+    if daemon.attached is None:
+        return slurm
+    fresher = (daemon.last_step or -1) >= (slurm.last_step or -1)
+    return slurm.model_copy(
+        update={
+            "attached": daemon.attached,
+            "last_step": daemon.last_step if fresher else slurm.last_step,
+            "last_values": daemon.last_values if fresher else slurm.last_values,
+        }
+    )
+
+
 def status(ctl: Ctl, run: slurm_jobs.SlurmRun) -> None:
     try:
         summary = run.summary()

@@ -31,6 +31,8 @@ IO_LIBRARIES = ("zmq", "psutil", "sqlite3", "pynvml", "socket", "subprocess")
 #: The project's modules that touch files, sockets or processes. `gpud.endpoints` (pure
 #: address parsing) and `gpud.snapshot` (pydantic models) are not among them.
 IO_PROJECT_MODULES = (
+    "gpud.attach.client",
+    "gpud.attach.server",
     "gpud.audit",
     "gpud.auth",
     "gpud.cli",

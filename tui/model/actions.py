@@ -64,6 +64,13 @@ def plan(model: FleetModel, verb: str, run_id: str) -> ActionPlan:
             raise ActionRefused(f"run {run_id} is not known (yet)")
         summary = run.summary
         state = summary.state
+        attached = summary.attached
+        if attached is not None:
+            job = f"Slurm job {attached.job_id}" if attached.job_id else attached.scheduler
+            raise ActionRefused(
+                f"run {run_id} is {job}: gpud only watches it; {verb} it as its owner"
+                f" ({attached.user or attached.uid}) with `gpuctl {verb} {run_id}`"
+            )
         if verb == "stop" and state.terminal:
             raise ActionRefused(f"run {run_id} is already {state.value}")
         if verb == "resume" and not state.terminal:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from gpud.runmodel import Attachment
 from tui.model import units
 from tui.model.runs import RunView
 from tui.widgets.runs_table import STATE_STYLES, shape
@@ -34,6 +35,8 @@ def header_text(run: RunView, metric: str) -> Text:
     if backend:
         text.append(f"/{backend}", style="bold magenta")
     text.append(f" · {shape(run)} procs")
+    if s.attached is not None:
+        text.append(f" · {attached_text(s.attached)}", style="bold blue")
     text.append("\n")
     done = run.steps_done()
     text.append("step ", style="cyan")
@@ -59,6 +62,14 @@ def header_text(run: RunView, metric: str) -> Text:
     if s.last_checkpoint is not None and s.last_checkpoint.step is not None:
         text.append(f"  ckpt @{s.last_checkpoint.step}", style="dim")
     return text
+
+
+def attached_text(attached: Attachment) -> str:
+    """`Slurm job 1234 (alice)`: a run gpud watches but did not start."""
+    who = attached.user or f"uid {attached.uid}"
+    if attached.scheduler == "slurm":
+        return f"Slurm job {attached.job_id or '?'} ({who})"
+    return f"{attached.scheduler} ({who})"
 
 
 def _short(start: str, width: int = 48) -> str:
