@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpud.kube.podresources import DEFAULT_SOCKET
+
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (the dev extra has it)"
 )
@@ -37,8 +39,13 @@ def test_the_daemonset_and_its_neighbours_validate() -> None:
     assert container["args"][0] == "serve" and "--metrics=0.0.0.0:9400" in container["args"]
     # A non-loopback /metrics needs TLS with client certificates (or --metrics-insecure).
     assert any(a.startswith("--metrics-client-ca=") for a in container["args"])
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert "/var/lib/gpud" in mounts
+    # The kubelet's pod-resources socket where gpud looks for it by default, read-only.
+    kubelet = mounts[str(DEFAULT_SOCKET.parent)]
+    assert kubelet["readOnly"] is True
+    volumes = {v["name"]: v for v in daemonset["volumes"]}
+    assert volumes[kubelet["name"]]["hostPath"]["path"] == str(DEFAULT_SOCKET.parent)
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["GPUD_STATE_DIR"] == "/var/lib/gpud" and env["NVIDIA_VISIBLE_DEVICES"] == "all"
 
