@@ -105,6 +105,13 @@ def main() -> None:
     " ingest sockets go in this directory, e.g. /run/gpud [off].",
 )
 @click.option(
+    "--kubelet-socket",
+    envvar="GPUD_KUBELET_SOCKET",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The kubelet's pod-resources socket, for the pod on each GPU"
+    " [/var/lib/kubelet/pod-resources/kubelet.sock].",
+)
+@click.option(
     "--insecure",
     envvar="GPUD_INSECURE",
     is_flag=True,

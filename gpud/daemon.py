@@ -52,6 +52,7 @@ from gpud.keys import (
     server_key_dir,
 )
 from gpud.known_nodes import KnownNode, remember_node
+from gpud.kube.pods import KubePods, on_kubernetes
 from gpud.prometheus import endpoint as metrics_endpoint
 from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
 from gpud.protocol import (
@@ -241,7 +242,15 @@ class Daemon:
             loads=loads,
             xid_file=s.simulate_xid_file,
         )
-        self._sampler = NodeSampler(s.node_name, gpus, HostSampler(), s.interval, self._clock)
+        pods = KubePods(s.kubelet_socket) if on_kubernetes(s.kubelet_socket) else None
+        self._sampler = NodeSampler(
+            s.node_name,
+            gpus,
+            HostSampler(),
+            s.interval,
+            self._clock,
+            annotate=pods.annotate if pods else None,
+        )
         self._latest = self._sampler.sample()
         self._start_runs()
         self.registry()  # every method has its handler, or the daemon does not start

@@ -398,6 +398,13 @@ def steps_text(done: int | None, total: int | None, missing: str = "-") -> str:
 # --------------------------------------------------------------------------- from trainers
 
 
+NODE_RANK_FROM = (
+    "the rank's node rank as it knows it: gpud's, else torchrun's, else a Kubernetes"
+    " operator's (trainers.placement); None from a library older than this field"
+)
+NODE_FROM = "the node the rank runs on (on Kubernetes its pod's node, not the pod)"
+
+
 class TrainerMessage(BaseModel):
     """Base of what ranks send on the ingest socket: validated strictly."""
 
@@ -412,6 +419,9 @@ class HelloMessage(TrainerMessage):
     rank: int = Field(ge=0)
     world_size: int = Field(ge=1)
     local_rank: int = Field(ge=0)
+    node_rank: int | None = Field(None, ge=0, description=NODE_RANK_FROM)
+    node: str | None = Field(None, max_length=253, description=NODE_FROM)
+    nnodes: int | None = Field(None, ge=1, description="nodes in the job, where known")
     host: str
     pid: int
     library: str
@@ -456,6 +466,8 @@ class HeartbeatMessage(TrainerMessage):
     phase_since: float = Field(description="unix time the rank entered its phase")
     gpu_uuid: str | None = None
     gpu_bus_id: str | None = None
+    node_rank: int | None = Field(None, ge=0, description=NODE_RANK_FROM)
+    node: str | None = Field(None, max_length=253, description=NODE_FROM)
     host: str
     pid: int
     dropped: int = Field(0, ge=0, description="messages lost so far (queue full, gpud down)")
@@ -494,7 +506,8 @@ class RankView(Reading):
     rank: int
     node_rank: int
     local_rank: int
-    host: str | None = None
+    node: str | None = Field(None, description=NODE_FROM)
+    host: str | None = Field(None, description="the rank's host name (on Kubernetes, its pod's)")
     pid: int | None = None
     last_step: int | None = Field(
         None, description="0-based index of the last step the rank finished (its heartbeat's)"

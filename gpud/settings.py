@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpud.endpoints import AddressError, is_loopback, parse_endpoint
+from gpud.kube.podresources import DEFAULT_SOCKET
 from gpud.paths import config_dir, default_state_dir
 from gpud.protocol import describe_validation_error
 
@@ -68,6 +69,11 @@ class ServeSettings(BaseModel):
         None,
         description="directory of the attach and shared ingest sockets, for runs gpud did not"
         " start (Slurm jobs, pods); off unless set",
+    )
+    kubelet_socket: Path = Field(
+        DEFAULT_SOCKET,
+        description="the kubelet's pod-resources socket: which pod each GPU is allocated to"
+        " (used where it exists; in a pod without it, pods come from cgroups alone)",
     )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")

@@ -28,6 +28,27 @@ class GpuProcess(Reading):
     pid: int
     name: str | None = Field(None, description="process name from the OS, if visible")
     used_memory_bytes: int | None = Field(None, description="GPU memory held by the process")
+    pod_uid: str | None = Field(
+        None, description="the Kubernetes pod it runs in, from its cgroup (on Kubernetes only)"
+    )
+
+
+class PodRef(Reading):
+    """The Kubernetes pod a GPU belongs to, as dcgm-exporter labels it: name, namespace and
+    container from the kubelet's pod-resources API (the pod the GPU is allocated to), the
+    UID from the cgroup of a process on it. Either half may be missing."""
+
+    name: str | None = None
+    namespace: str | None = None
+    container: str | None = None
+    uid: str | None = None
+
+    def describe(self) -> str:
+        """ "pod ml/trainer-0 (pytorch)", or "pod uid 1f0c…" when only the cgroup told."""
+        if self.name is None:
+            return f"pod uid {self.uid}"
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"pod {where}" + (f" ({self.container})" if self.container else "")
 
 
 class NvLinkSample(Reading):
@@ -130,6 +151,7 @@ class GpuSample(Reading):
     # events and processes
     xid: XidSummary = Field(default_factory=XidSummary)
     processes: list[GpuProcess] | None = None
+    pod: PodRef | None = Field(None, description="the Kubernetes pod on it (gpud.kube.pods)")
 
 
 class IbPortSample(Reading):

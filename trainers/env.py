@@ -1,10 +1,15 @@
-"""The GPUD_* environment a launched rank receives, parsed once (stdlib only)."""
+"""The GPUD_* environment a launched rank receives, parsed once (stdlib only).
+
+Where gpud did not launch the process, its node rank and node come from torchrun and the
+Kubernetes operators instead (`trainers.placement`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from trainers.placement import Source, placement_from
 
 
 def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int | None:
@@ -46,8 +51,11 @@ class RunEnv:
     ingest: str | None
     ingest_token: str | None  # a run gpud did not start: what each message carries
     control: str | None
-    node: str | None
+    node: str
     node_rank: int
+    nnodes: int | None
+    #: Who told the node rank: gpud, torchrun, a Kubernetes operator, or nobody.
+    placed_by: Source
     attempt: int
     resume_from: str | None
     checkpoint_dir: str | None
@@ -69,14 +77,17 @@ class RunEnv:
     def from_environ(cls, env: Mapping[str, str] | None = None) -> RunEnv:
         env = os.environ if env is None else env
         checkpointing = env.get("GPUD_GRAD_CHECKPOINTING")
+        place = placement_from(env)
         return cls(
             run_id=env.get("GPUD_RUN_ID") or None,
             run_dir=env.get("GPUD_RUN_DIR") or None,
             ingest=env.get("GPUD_INGEST") or None,
             ingest_token=env.get("GPUD_INGEST_TOKEN") or None,
             control=env.get("GPUD_CONTROL") or None,
-            node=env.get("GPUD_NODE") or None,
-            node_rank=_int(env, "GPUD_NODE_RANK", 0) or 0,
+            node=place.node,
+            node_rank=place.node_rank,
+            nnodes=place.nnodes,
+            placed_by=place.source,
             attempt=_int(env, "GPUD_ATTEMPT", 1) or 1,
             resume_from=env.get("GPUD_RESUME_FROM") or None,
             checkpoint_dir=env.get("GPUD_CHECKPOINT_DIR") or None,

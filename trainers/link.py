@@ -28,6 +28,8 @@ from trainers.wandb_mirror import WandbMirror
 QUEUE_CAPACITY = 10_000
 #: The longest the thread sleeps: bounds metric latency when nothing wakes it.
 IDLE_WAIT_S = 0.02
+#: How long the thread waits for gpud's ingest at start before sending anyway (dropping).
+CONNECT_WAIT_MS = 2000
 
 Item = tuple[str, dict[str, Any]]
 
@@ -99,6 +101,9 @@ class GpudLink:
                 push.setsockopt(zmq.SNDHWM, 1000)
                 push.setsockopt(zmq.LINGER, 500)
                 push.connect(self._ingest)
+                # With IMMEDIATE, a send before the connection is up is dropped: the hello
+                # (which tells gpud to stop by handshake) must not be. POLLOUT means "up".
+                push.poll(CONNECT_WAIT_MS, zmq.POLLOUT)
             if self._control:
                 sub = ctx.socket(zmq.SUB)
                 sub.setsockopt(zmq.LINGER, 0)

@@ -95,6 +95,9 @@ class Run:
             {
                 "world_size": self.world_size,
                 "local_rank": self.local_rank,
+                "node_rank": env.node_rank,
+                "node": env.node,
+                "nnodes": env.nnodes,
                 "host": self._host,
                 "pid": os.getpid(),
                 "library": LIBRARY_VERSION,
@@ -159,6 +162,8 @@ class Run:
             time=now,
             local_rank=self.local_rank,
             world_size=self.world_size,
+            node_rank=self.env.node_rank,
+            node=self.env.node,
             host=self._host,
             pid=os.getpid(),
             dropped=link.dropped if link else 0,

@@ -10,7 +10,7 @@ from pathlib import Path
 from gpud.hardware.base import GpuSampler, NoGpuSampler
 from gpud.hardware.host import HostSampler
 from gpud.hardware.simulated import LoadSource, SimulatedSampler
-from gpud.snapshot import NodeSnapshot
+from gpud.snapshot import GpuSample, NodeSnapshot
 
 log = logging.getLogger("gpud.hardware")
 
@@ -44,8 +44,12 @@ class NodeSampler:
         host: HostSampler,
         interval_s: float,
         clock: Callable[[], float] = time.time,
+        annotate: Callable[[list[GpuSample]], list[GpuSample]] | None = None,
     ) -> None:
+        """`annotate`: what adds to the GPUs' samples what the GPU sampler cannot know
+        (on Kubernetes, their pods: gpud.kube.pods), in this thread."""
         self.node = node
+        self._annotate = annotate
         self.gpus = gpus
         self._host = host
         self._interval_s = interval_s
@@ -57,6 +61,8 @@ class NodeSampler:
         started = time.perf_counter()
         now = self._clock()
         gpu_samples = self.gpus.sample()
+        if self._annotate is not None:
+            gpu_samples = self._annotate(gpu_samples)
         host = self._host.sample()
         self._seq += 1
         return NodeSnapshot(

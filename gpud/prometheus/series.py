@@ -18,12 +18,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gpud.protocol import RunSummary
 from gpud.runmodel import SAMPLES_PER_S_NAMES, TOKENS_PER_S_NAMES, HealthSummary, RunState
-from gpud.snapshot import GpuSample, HostSample, NodeSnapshot
+from gpud.snapshot import GpuSample, HostSample, NodeSnapshot, PodRef
 
 MIB = 1024 * 1024
 #: dcgm-exporter's labels, in its order; then ours.
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 JOB_LABELS = ("run", "rank", "hpc_job", "simulated")
+#: dcgm-exporter's Kubernetes labels (`pod_uid` is the one its --kubernetes-enable-pod-uid
+#: adds; here it is the cgroup's UID of the pod whose process is on the GPU). Only while a
+#: GPU of the node has a pod: Prometheus reads an empty label as an absent one, so the
+#: series are the same either way, and a node off Kubernetes pays nothing for them.
+POD_LABELS = ("pod", "namespace", "container", "pod_uid")
 #: At most this many metric names per run: a trainer logging a new name per step must not
 #: grow every scrape without bound.
 MAX_RUN_METRICS = 32
@@ -207,7 +212,8 @@ class DaemonStats:
 def gpu_families(
     snapshot: NodeSnapshot, runs: list[RunOnNode], jobs: dict[int, str] | None = None
 ) -> Iterator[Metric]:
-    """`jobs`: GPU index → the Slurm job of a process on it (dcgm-exporter's `hpc_job`)."""
+    """`jobs`: GPU index → the Slurm job of a process on it (dcgm-exporter's `hpc_job`);
+    the pods come with the snapshot (gpud.kube.pods)."""
     host = snapshot.host.hostname
     jobs = jobs or {}
     on_gpu: dict[str, tuple[str, str]] = {}
@@ -216,7 +222,8 @@ def gpu_families(
             on_gpu.setdefault(uuid, (run.summary.id, ""))
         for uuid, number in run.ranks_by_gpu.items():
             on_gpu[uuid] = (run.summary.id, str(number))
-    labels = list(GPU_LABELS + JOB_LABELS)
+    pods = any(gpu.pod is not None for gpu in snapshot.gpus)
+    labels = list(GPU_LABELS + JOB_LABELS + (POD_LABELS if pods else ()))
     families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
     for f in FIELDS:
         if f.counter:
@@ -239,6 +246,9 @@ def gpu_families(
             jobs.get(gpu.index, ""),
             "true" if gpu.simulated else "",
         ]
+        if pods:
+            pod = gpu.pod or PodRef()
+            values += [pod.name or "", pod.namespace or "", pod.container or "", pod.uid or ""]
         for f in FIELDS:
             value = None if gpu.lost else f.value(gpu)
             if value is not None:

@@ -182,8 +182,11 @@ class Telemetry:
         beat = rank.beat
         return RankView(
             rank=beat.rank,
-            node_rank=run.node_rank,
+            # The rank's own word where it sends one: the same as this part's for a rank
+            # gpud launched, and the only one for a rank it did not (a Kubernetes pod).
+            node_rank=run.node_rank if beat.node_rank is None else beat.node_rank,
             local_rank=beat.local_rank,
+            node=beat.node,
             host=beat.host,
             pid=beat.pid,
             last_step=beat.step,

@@ -42,8 +42,8 @@ def _hw_and_runs(client: Client) -> tuple[NodeSnapshot, list[RunSummary]]:
 
 
 def holders(snap: NodeSnapshot, runs: list[RunSummary]) -> dict[int, str]:
-    """Who holds each GPU: the run that leases it, else the processes on it (outside gpud:
-    no run leases that GPU), else nobody ("-")."""
+    """Who holds each GPU: the run that leases it, else the Kubernetes pod it belongs to
+    and the processes on it (outside gpud: no run leases that GPU), else nobody ("-")."""
     leased = {index: run for run in runs for index in run.gpus}
     return {g.index: _holder(g, leased.get(g.index)) for g in snap.gpus}
 
@@ -52,6 +52,8 @@ def _holder(gpu: GpuSample, run: RunSummary | None) -> str:
     if run is not None:
         return f"{run.id} ({run.name})"
     outside = [f"pid {p.pid} ({p.name or '?'})" for p in gpu.processes or []]
+    if gpu.pod is not None:
+        return gpu.pod.describe() + (": " + ", ".join(outside) if outside else "")
     return ", ".join(outside) + " outside gpud" if outside else "-"
 
 

@@ -116,6 +116,7 @@ def test_heartbeats_become_a_health_summary(daemon: RunningDaemon) -> None:
         assert r.heartbeat_age_s is not None and r.heartbeat_age_s < 1.5
         assert r.step_time_s is not None and r.step_time_s > 0
         assert r.gpu_index == r.local_rank  # simulated GPUs: one per local rank
+        assert (r.node_rank, r.node) == (0, daemon.node)  # what the rank itself reports
     text = gpuctl("--node", daemon.address, "health", run_id).stdout
     assert "verdict   OK" in text and "RANK" in text
     assert gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60).returncode == 0

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpud.kube.podresources import DEFAULT_SOCKET
+
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (the dev extra has it)"
 )
@@ -37,8 +39,13 @@ def test_the_daemonset_and_its_neighbours_validate() -> None:
     assert container["args"][0] == "serve" and "--metrics=0.0.0.0:9400" in container["args"]
     # A non-loopback /metrics needs TLS with client certificates (or --metrics-insecure).
     assert any(a.startswith("--metrics-client-ca=") for a in container["args"])
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert "/var/lib/gpud" in mounts
+    # The kubelet's pod-resources socket where gpud looks for it by default, read-only.
+    kubelet = mounts[str(DEFAULT_SOCKET.parent)]
+    assert kubelet["readOnly"] is True
+    volumes = {v["name"]: v for v in daemonset["volumes"]}
+    assert volumes[kubelet["name"]]["hostPath"]["path"] == str(DEFAULT_SOCKET.parent)
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["GPUD_STATE_DIR"] == "/var/lib/gpud" and env["NVIDIA_VISIBLE_DEVICES"] == "all"
 
@@ -59,6 +66,46 @@ def test_the_pytorchjob_runs_the_cpu_ddp_example_in_valid_pods() -> None:
         assert container["command"] == ["torchrun"]
         assert container["args"][0] == "trainers/examples/ddp.py"
         assert (MANIFESTS.parents[1] / container["args"][0]).exists()
+        assert downward(container)["NODE_NAME"] == "spec.nodeName"
+
+
+def downward(container: dict[str, Any]) -> dict[str, str]:
+    """The container's variables that come from the downward API: name → field path."""
+    return {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "fieldRef" in e.get("valueFrom", {})
+    }
+
+
+def test_the_jobset_runs_the_cpu_ddp_example_with_its_indices_in_the_environment() -> None:
+    (jobset,) = documents("train-cpu-ddp-jobset.yaml")
+    assert (jobset["apiVersion"], jobset["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    assert set(jobset["spec"]) == {"network", "replicatedJobs"}
+    (workers,) = jobset["spec"]["replicatedJobs"]
+    assert set(workers) == {"name", "replicas", "template"} and workers["replicas"] >= 1
+    # The Job template is a batch/v1 Job's spec: the schemas check all of it.
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "workers"},
+           "spec": workers["template"]["spec"]}  # fmt: skip
+    validate(job)
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["parallelism"] == spec["completions"]
+    (container,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PET_NNODES"] == str(workers["replicas"] * spec["parallelism"])
+    # Pod names follow <jobset>-<replicated job>-<job index>-<pod index>.<subdomain>.
+    name = jobset["metadata"]["name"]
+    assert env["PET_MASTER_ADDR"] == f"{name}-{workers['name']}-0-0.{name}"
+    assert downward(container) == {
+        "PET_NODE_RANK": "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+        "JOB_INDEX": "metadata.annotations['jobset.sigs.k8s.io/job-index']",
+        "REPLICATED_JOB_REPLICAS": (
+            "metadata.annotations['jobset.sigs.k8s.io/replicatedjob-replicas']"
+        ),
+        "NODE_NAME": "spec.nodeName",
+    }
+    assert container["command"] == ["torchrun"]
+    assert (MANIFESTS.parents[1] / container["args"][0]).exists()
 
 
 def test_a_broken_manifest_is_caught() -> None:

@@ -245,3 +245,25 @@ def test_simulated_gpus_map_to_runs_by_their_leases() -> None:
     gpus_at = next(i for i, (label, _, _) in enumerate(COLUMNS) if label == "GPUS")
     assert str(rows["late-1"][1][gpus_at]) == "4-7"
     assert str(rows["wait-2"][1][1]) == "queued #1" and str(rows["wait-2"][1][gpus_at]) == "-"
+
+
+def test_a_pods_processes_are_named_by_their_pod_on_the_node_screen() -> None:
+    """On Kubernetes a process no run of gpud's owns is named by its pod: by name where
+    the kubelet gave the GPU to that pod, else by the UID its cgroup says."""
+    from gpud.snapshot import PodRef
+    from tui.widgets.gpu_detail import processes_text
+
+    model, _, key = one_node()
+    uid, other = "0e3f4a52-7b1c-4f7e-9a3d-2c1b5e6f7a80", "9b8a7c6d-0000-4000-8000-00000000abcd"
+    procs = [
+        GpuProcess(pid=101, name="python", used_memory_bytes=1 << 30, pod_uid=uid),
+        GpuProcess(pid=202, name="python", used_memory_bytes=1 << 30, pod_uid=other),
+        GpuProcess(pid=303, name="nvidia-smi", used_memory_bytes=1 << 20),
+    ]
+    pod = PodRef(name="trainer-0", namespace="ml", container="pytorch", uid=uid)
+    gpu = scenes.gpu(0, 50.0, 10.0, procs=procs).model_copy(update={"pod": pod})
+    model.apply_event(key, scenes.event("hw.n1", scenes.snapshot("n1", [gpu])))
+    lines = processes_text(model, model.nodes[key], gpu).plain.splitlines()
+    assert lines[0].endswith("→ pod ml/trainer-0 (pytorch)")
+    assert lines[1].endswith(f"→ pod uid {other}")
+    assert lines[2].endswith("· no known run")

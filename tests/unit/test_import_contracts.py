@@ -45,6 +45,7 @@ IO_PROJECT_MODULES = (
     "gpud.hardware",
     "gpud.ingest",
     "gpud.keys",
+    "gpud.kube",
     "gpud.known_nodes",
     "gpud.paths",
     "gpud.publisher",

@@ -13,12 +13,12 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from gpud.snapshot import GpuSample
+from gpud.snapshot import GpuSample, PodRef
 from tui.model import units
 from tui.model.fleet import FleetModel
 from tui.model.nodes import NodeView
 
-SKIPPED = {"index", "nvlinks", "xid", "processes"}
+SKIPPED = {"index", "nvlinks", "xid", "processes", "pod"}
 
 
 def field_value(name: str, value: Any) -> str:
@@ -87,6 +87,12 @@ def processes_text(model: FleetModel, node: NodeView, gpu: GpuSample) -> Text:
         text.append(f"pid {proc.pid} ", style="bold")
         text.append(f"{proc.name or units.NA} {units.bytes_(proc.used_memory_bytes)}")
         owner = model.process_owner(node.key, gpu.index, proc.pid)
+        if owner is None and proc.pod_uid:
+            # On Kubernetes: the pod's name where the kubelet gave this GPU to that pod.
+            pod = gpu.pod if gpu.pod is not None and gpu.pod.uid == proc.pod_uid else None
+            text.append(" → ")
+            text.append((pod or PodRef(uid=proc.pod_uid)).describe(), style="bold magenta")
+            continue
         if owner is None:
             text.append(" · no known run", style="dim")
             continue
@@ -120,4 +126,7 @@ class GpuDetail(Static):
             title.append("  leased to ")
             title.append(held[0].id, style="bold cyan")
             title.append(f" ({held[0].summary.name})")
+        elif gpu.pod is not None:
+            title.append("  ")
+            title.append(gpu.pod.describe(), style="bold magenta")
         self.update(Group(title, processes_text(model, node, gpu), Text(""), fields_table(gpu)))
