@@ -213,6 +213,34 @@ def probe_command(simulate_gpus: int | None, as_json: bool) -> None:
     click.echo(json.dumps({"sample_ms": snapshot.sample_ms}))
 
 
+@cli.command("attach", context_settings={"ignore_unknown_options": True})
+@click.option("--run-id", help="The run's id: the same on every node [$GPUD_RUN_ID, else new].")
+@click.option("--name", help="The run's name [$GPUD_RUN_NAME, else the command's].")
+@click.option("--run-dir", help="Where its logs go [$GPUD_RUN_DIR, else ./gpud-runs/RUN].")
+@click.option("--nproc", type=int, help="Processes on this node [$PET_NPROC_PER_NODE, else 1].")
+@click.option(
+    "--socket",
+    "socket_file",
+    help="The daemon's attach socket [$GPUD_ATTACH, else /run/gpud/attach.sock].",
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def attach_command(command: tuple[str, ...], **options: Any) -> None:
+    """Run COMMAND (after --) as this node's part of a run gpud did not launch — in a pod,
+    or a torchrun typed by hand — reporting to this node's daemon: its metrics, heartbeats,
+    health and end, in gpuctl and gputop. Exits with COMMAND's status.
+
+        gpud attach --run-id ddp-1 -- torchrun --nproc-per-node 8 train.py
+    """
+    from gpud.attach import run as attach_run
+
+    try:
+        code = attach_run.main(list(command), **options)
+    except attach_run.AttachUsageError as exc:
+        _fail(str(exc), EXIT_USAGE)
+        return
+    sys.exit(code)
+
+
 @cli.command("demo")
 @state_dir_option
 @click.option(

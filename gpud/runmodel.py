@@ -285,6 +285,7 @@ class Attachment(Reading):
 
     scheduler: str = Field(description="slurm, kubernetes or manual")
     job_id: str | None = Field(None, description="the Slurm job of the attached part")
+    pod_uid: str | None = Field(None, description="the pod of the attached part")
     uid: int = Field(description="the user the part runs as: only they may attach it again")
     user: str | None = Field(None, description="that user's name, where known")
     host: str

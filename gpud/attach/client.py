@@ -70,6 +70,11 @@ class AttachLink:
             message = reply.error.message if reply.error else "refused"
             sock.close()
             return None, f"gpud at {path} refused: {message}"
+        if reply.attempt and reply.attempt != request.attempt:  # the daemon renumbered it
+            where = request.attempt_dir.replace(
+                f"attempt-{request.attempt}", f"attempt-{reply.attempt}"
+            )
+            request = request.model_copy(update={"attempt": reply.attempt, "attempt_dir": where})
         link = cls(path, request, sock)
         link.reply = reply
         return link, ""

@@ -114,10 +114,15 @@ class AttachServer:
             where = ".".join(str(p) for p in error["loc"])
             await _send(writer, refusal("invalid_body", f"{where}: {error['msg']}"))
             return
-        reply = self.runs.attach(request, peer)
+        try:
+            reply = self.runs.attach(request, peer)
+        except Exception:  # a bug of ours: one refusal, and the daemon goes on
+            log.exception("attach of %s failed", request.run_id)
+            reply = refusal("internal", "gpud could not attach it (see the daemon's log)")
         await _send(writer, reply)
         if not reply.ok:
             return
+        attempt = reply.attempt or request.attempt
         report: EndReport | None = None
         try:
             while True:
@@ -132,12 +137,18 @@ class AttachServer:
                 if isinstance(update, EndReport):
                     report = update
                     break
-                self.runs.update(request.run_id, request.attempt, update)
+                try:
+                    self.runs.update(request.run_id, attempt, update)
+                except Exception:
+                    log.exception("an update of %s failed", request.run_id)
         except ValueError:  # a line over the limit
             log.warning("attach: an over-long line from pid %d; connection closed", peer.pid)
         finally:
             if not self._closing:
-                self.runs.ended(request.run_id, request.attempt, report)
+                try:
+                    self.runs.ended(request.run_id, attempt, report)
+                except Exception:
+                    log.exception("the end of %s failed", request.run_id)
 
 
 async def _send(writer: asyncio.StreamWriter, reply: AttachReply) -> None:

@@ -26,6 +26,8 @@ from gpud.runmodel import FailureCause, RunState
 MAX_LINE = 1 << 20
 #: A token: 32 hex digits or more (the part runner draws 128 bits).
 TOKEN_PATTERN = r"^[0-9a-f]{32,128}$"
+#: A pod's UID: a UUID, or 32 hex digits (a static pod).
+POD_UID_PATTERN = r"^[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}$"
 #: A Slurm job id, array jobs (`1234_7`) and het jobs (`1234+1`) included.
 JOB_ID_PATTERN = r"^[0-9]+([_+][0-9]+)?$"
 
@@ -50,6 +52,9 @@ class AttachRequest(_Line):
     scheduler: Scheduler
     job_id: str | None = Field(
         None, pattern=JOB_ID_PATTERN, max_length=64, description="the Slurm job (scheduler slurm)"
+    )
+    pod_uid: str | None = Field(
+        None, pattern=POD_UID_PATTERN, description="the pod (scheduler kubernetes)"
     )
     run_dir: str = Field(min_length=1, max_length=4096)
     attempt_dir: str = Field(min_length=1, max_length=4096)
@@ -99,6 +104,9 @@ class AttachReply(_Line):
     ok: bool
     error: AttachError | None = None
     ingest: str | None = Field(None, description="the shared ingest endpoint (zmq ipc)")
+    attempt: int | None = Field(
+        None, description="the attempt the part is: a rerun of an ended run is the next one"
+    )
     node: str | None = Field(None, description="the daemon's node name")
     control: str | None = Field(None, description="its control endpoint, for node 0's peers")
     server_key: str | None = Field(None, description="its server key (None: --insecure)")

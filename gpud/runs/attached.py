@@ -36,6 +36,7 @@ from gpud.attach.wire import (
     refusal,
 )
 from gpud.auth import PeerKeys
+from gpud.kube.pods import KubePods
 from gpud.protocol import ErrorCode, NodeRefIn, ProtocolError
 from gpud.runmodel import (
     Attachment,
@@ -74,6 +75,7 @@ class AttachConfig:
     control: str  # the control endpoint other nodes' daemons reach it at
     ingest: str  # the shared ingest endpoint the attached ranks send to
     job_of: Callable[[int], str] = field(default_factory=lambda: SlurmJobs().of)
+    pod_of: Callable[[int], str] = field(default_factory=lambda: KubePods().uid_of)
     user_of: Callable[[int], str | None] = _user_name
     #: Users who may attach to any run: root and the daemon's own.
     trusted_uids: frozenset[int] = field(default_factory=lambda: frozenset({0, os.getuid()}))
@@ -105,6 +107,7 @@ class AttachedRuns:
         self.server_key = server_key
         self.ingest = config.ingest
         self._job_of = config.job_of
+        self._pod_of = config.pod_of
         self._user_of = config.user_of
         self._trusted = config.trusted_uids
         #: run id → token → attempt: what the ranks of each attached part may send with.
@@ -115,6 +118,7 @@ class AttachedRuns:
     # ------------------------------------------------------------------ attaching
 
     def attach(self, req: AttachRequest, peer: Peer) -> AttachReply:
+        req = self._renumbered(req)
         try:
             self._check(req, peer)
             run = self._run_for(req, peer)
@@ -142,11 +146,27 @@ class AttachedRuns:
         )
         return AttachReply(
             ok=True,
+            attempt=req.attempt,
             ingest=self.ingest,
             node=self.node,
             control=self.control,
             server_key=self.server_key,
         )
+
+    def _renumbered(self, req: AttachRequest) -> AttachRequest:
+        """A pod or a hand-started command run again under an id whose run ended here is
+        that run's next attempt (Slurm numbers its own attempts: those are kept)."""
+        existing = self.book.known(req.run_id)
+        if (
+            req.scheduler == "slurm"
+            or existing is None
+            or not existing.state.terminal
+            or req.attempt > existing.attempt
+        ):
+            return req
+        attempt = existing.attempt + 1
+        where = req.attempt_dir.replace(f"attempt-{req.attempt}", f"attempt-{attempt}")
+        return req.model_copy(update={"attempt": attempt, "attempt_dir": where})
 
     def _check(self, req: AttachRequest, peer: Peer) -> None:
         if req.scheduler == "slurm":
@@ -159,16 +179,28 @@ class AttachedRuns:
                     ErrorCode.FORBIDDEN,
                     f"pid {peer.pid} is not in Slurm job {req.job_id} (it is in {where})",
                 )
+        pod = self._pod_of(peer.pid)
+        if req.scheduler == "kubernetes":
+            if req.pod_uid is None:
+                raise ProtocolError(ErrorCode.INVALID_BODY, "a pod's part must name its pod_uid")
+            if pod != req.pod_uid.replace("_", "-"):
+                where = f"pod {pod}" if pod else "no pod gpud can see"
+                raise ProtocolError(
+                    ErrorCode.FORBIDDEN,
+                    f"pid {peer.pid} is not in pod {req.pod_uid} (it is in {where})",
+                )
         existing = self.book.known(req.run_id)
         if existing is None:
             return
+        # Root in a pod is not the node's root: only a process outside pods is trusted.
+        trusted = peer.uid in self._trusted and not pod
         if existing.attached is None:
             raise ProtocolError(
                 ErrorCode.CONFLICT,
                 f"run {req.run_id} was launched by gpud here; nothing can attach to it",
             )
         owner = existing.attached
-        if owner.uid != peer.uid and peer.uid not in self._trusted:
+        if owner.uid != peer.uid and not trusted:
             raise ProtocolError(
                 ErrorCode.FORBIDDEN,
                 f"run {req.run_id} belongs to {owner.user or 'uid'} ({owner.uid}); uid"
@@ -217,6 +249,7 @@ class AttachedRuns:
                 attached=Attachment(
                     scheduler=req.scheduler,
                     job_id=req.job_id,
+                    pod_uid=req.pod_uid,
                     uid=peer.uid,
                     user=self._user_of(peer.uid),
                     host=req.host,
@@ -234,6 +267,16 @@ class AttachedRuns:
             self.book.update(existing.id, attached=moved)
         if req.attempt == existing.attempt:
             return self.book.get(existing.id) or existing
+        if existing.state is RunState.SUCCEEDED:
+            # Started again under its id (a pod, a command typed again): a succeeded run
+            # never opens another attempt of itself, so this one begins it afresh.
+            fresh = existing.model_copy(
+                update={"state": RunState.STARTING, "state_since": now, "reason": why,
+                        "attempt": req.attempt, "cause": None, "last_step": None}
+            )  # fmt: skip
+            self.book.add(fresh)
+            self.book.event(fresh, "attach", f"run again as attempt {req.attempt}")
+            return self.book.move(existing.id, RunState.RUNNING, why)
         if not existing.state.terminal:
             self.book.move(existing.id, RunState.PENDING, "a newer attempt attached",
                            next_attempt=True)  # fmt: skip

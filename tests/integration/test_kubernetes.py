@@ -63,10 +63,26 @@ def test_the_pytorchjob_runs_the_cpu_ddp_example_in_valid_pods() -> None:
         validate(pod)
         (container,) = spec["template"]["spec"]["containers"]
         assert container["name"] == "pytorch"  # the operator injects its env into this one
-        assert container["command"] == ["torchrun"]
+        assert container["command"] == ["gpud", "attach", "--", "torchrun"]
         assert container["args"][0] == "trainers/examples/ddp.py"
         assert (MANIFESTS.parents[1] / container["args"][0]).exists()
         assert downward(container)["NODE_NAME"] == "spec.nodeName"
+        assert downward(container)["POD_UID"] == "metadata.uid"
+        assert reports_to_the_daemon(spec["template"]["spec"], container)
+
+
+def reports_to_the_daemon(pod: dict[str, Any], container: dict[str, Any]) -> bool:
+    """The pod mounts, from the host, the directory the DaemonSet's gpud attaches in."""
+    daemonset = documents("gpud-daemonset.yaml")[2]
+    (gpud,) = daemonset["spec"]["template"]["spec"]["containers"]
+    (attach,) = [a.split("=", 1)[1] for a in gpud["args"] if a.startswith("--attach=")]
+    hosts = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    served = {v["hostPath"]["path"] for v in daemonset["spec"]["template"]["spec"]["volumes"]
+              if "hostPath" in v}  # fmt: skip
+    return any(hosts.get(n) == attach and path == attach for n, path in mounts.items()) and (
+        attach in served
+    )
 
 
 def downward(container: dict[str, Any]) -> dict[str, str]:
@@ -103,8 +119,10 @@ def test_the_jobset_runs_the_cpu_ddp_example_with_its_indices_in_the_environment
             "metadata.annotations['jobset.sigs.k8s.io/replicatedjob-replicas']"
         ),
         "NODE_NAME": "spec.nodeName",
+        "POD_UID": "metadata.uid",
     }
-    assert container["command"] == ["torchrun"]
+    assert container["command"] == ["gpud", "attach", "--", "torchrun"]
+    assert reports_to_the_daemon(spec["template"]["spec"], container)
     assert (MANIFESTS.parents[1] / container["args"][0]).exists()
 
 

@@ -186,3 +186,17 @@ def test_a_token_is_compared_whole(setup: Any) -> None:
     assert attached.authorize(token, beat())
     assert not attached.authorize(token[:-1] + ("0" if token[-1] != "0" else "1"), beat())
     assert not attached.authorize(token + "00", beat())
+
+
+def test_a_pod_or_a_command_run_again_is_the_next_attempt_a_slurm_job_is_not(
+    setup: Any,
+) -> None:
+    attached, book, _, _ = setup
+    manual = {"scheduler": "manual", "job_id": None, "run_id": "mine-1"}
+    attached.attach(request(**manual), ALICE)
+    attached.ended("mine-1", 1, EndReport(state=RunState.SUCCEEDED, reason="exit 0"))
+    reply = attached.attach(request(**manual, token="3" * 32), ALICE)
+    assert reply.ok and reply.attempt == 2
+    part = book.part("mine-1")
+    assert part is not None and part.record.attempt_dir.endswith("/attempt-2/node-0")
+    assert attached.authorize("3" * 32, beat(attempt=2, run="mine-1"))
