@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -34,9 +35,18 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpud.client import Client  # noqa: E402
+from gpud.brief import node_brief, sum_topic  # noqa: E402
+from gpud.client import Client, RequestFailed  # noqa: E402
 from gpud.keys import load_client_keypair  # noqa: E402
-from gpud.protocol import NODE_INFO, Empty, encode_request  # noqa: E402
+from gpud.protocol import (  # noqa: E402
+    NODE_INFO,
+    Empty,
+    RunSummary,
+    encode_event,
+    encode_request,
+    hw_topic,
+)
+from gpud.runmodel import HealthSummary  # noqa: E402
 from tests.support.daemons import RunningDaemon, free_port, gpuctl, start_daemon  # noqa: E402
 
 
@@ -162,6 +172,37 @@ def idle_with_scrapes(daemon: RunningDaemon, url: str, duration: float, every: f
     return cpu
 
 
+def brief_cost(daemon: RunningDaemon, count: int = 2000) -> tuple[float, float, int, int]:
+    """(µs to build and encode the node's brief, µs to encode its full snapshot, their
+    sizes): what the daemon does each interval for `sum.<node>` (issue 13) beside what it
+    always did for `hw.<node>`, timed here on the daemon's own snapshot and runs."""
+    with Client(daemon.target()) as client:
+        snapshot = client.node_hw()
+        runs: list[tuple[RunSummary, HealthSummary | None]] = []
+        for summary in client.runs().runs:
+            try:
+                health: HealthSummary | None = client.run_health(summary.id)
+            except RequestFailed:
+                health = None
+            runs.append((summary, health))
+    node = snapshot.node
+
+    def best(work: Callable[[], object]) -> float:
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            for _ in range(count):
+                work()
+            times.append((time.perf_counter() - started) / count * 1e6)
+        return min(times)
+
+    brief_frames = encode_event(sum_topic(node), 1, node_brief(snapshot, runs))
+    brief_us = best(lambda: encode_event(sum_topic(node), 1, node_brief(snapshot, runs)))
+    hw_us = best(lambda: encode_event(hw_topic(node), 1, snapshot))
+    hw_size = len(encode_event(hw_topic(node), 1, snapshot)[1])
+    return brief_us, hw_us, len(brief_frames[1]), hw_size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=60.0, help="idle window, seconds")
@@ -235,6 +276,12 @@ def main() -> None:
                   f" (ratio {with_scrapes / quiet if quiet else float('nan'):.2f})")  # fmt: skip
             print(f"  scraping adds     {(with_scrapes - quiet) * 100:+5.2f} % of a core"
                   "   (target < 1 %)")  # fmt: skip
+            brief_us, hw_us, brief_size, hw_size = brief_cost(scraped)
+            print(f"node brief (sum.<node>, issue 13): {args.gpus} GPUs, 4 runs, each interval")
+            print(f"  build + encode    {brief_us:8.0f} µs, {brief_size / 1024:.1f} KiB"
+                  f"   ({brief_us / 1e4:.3f} % of a core at 1 s)")  # fmt: skip
+            print(f"  full snapshot     {hw_us:8.0f} µs, {hw_size / 1024:.1f} KiB  (encode only,"
+                  f" as before briefs; ratio brief/snapshot {brief_us / hw_us:.2f})")  # fmt: skip
         finally:
             for run_id in sleepers:
                 gpuctl("--node", scraped.address, "stop", run_id, "--force")

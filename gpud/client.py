@@ -381,10 +381,19 @@ class Subscription:
         self.socket.linger = 0
         self.socket.rcvhwm = hwm
         _configure_curve(self.socket, target, keys)
-        for prefix in prefixes or ("",):
-            self.socket.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        self.prefixes: frozenset[str] = frozenset()
+        self.set_prefixes(prefixes or ("",))
         self.socket.connect(endpoint)
         self.dropped = 0
+
+    def set_prefixes(self, prefixes: tuple[str, ...]) -> None:
+        """Subscribe to exactly these topic prefixes from now on (the socket's thread)."""
+        wanted = frozenset(prefixes)
+        for prefix in self.prefixes - wanted:
+            self.socket.setsockopt(zmq.UNSUBSCRIBE, prefix.encode())
+        for prefix in wanted - self.prefixes:
+            self.socket.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        self.prefixes = wanted
 
     def recv(self, timeout_s: float) -> Event | None:
         deadline = time.monotonic() + timeout_s

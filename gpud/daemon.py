@@ -36,6 +36,7 @@ from gpud.auth import (
     authorize,
     authorized_keys_path,
 )
+from gpud.brief import node_brief, sum_topic
 from gpud.control import CONTROL_LIMITS, Binding, ControlServer, Registry, bind, configure_router
 from gpud.endpoints import endpoint_host, events_endpoint_for
 from gpud.guard import LIBC, ConnectionGuard
@@ -441,6 +442,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         interval = self.settings.interval
         topic = hw_topic(self.settings.node_name)
+        brief_topic = sum_topic(self.settings.node_name)
         event_topic = node_event_topic(self.settings.node_name)
         next_at = loop.time()
         while True:
@@ -457,12 +459,23 @@ class Daemon:
             events = detect_events(self._latest, snapshot)
             self._latest = snapshot
             self._publisher.publish(topic, snapshot)
+            self._publish_brief(brief_topic, snapshot)
             if events:
                 assert self._store is not None
                 self._store.add_node_events(events)
                 for event in events:
                     log.warning("%s: %s", event.kind, event.message)
                     self._publisher.publish(event_topic, event)
+
+    def _publish_brief(self, topic: str, snapshot: NodeSnapshot) -> None:
+        """The node in brief (`gpud.brief`), for views of many nodes."""
+        assert self._publisher is not None
+        sup = self._supervisor
+        try:
+            runs = sup.queries.on_this_node(snapshot.time) if sup is not None else []
+            self._publisher.publish(topic, node_brief(snapshot, runs))
+        except Exception:  # a view of the node must never stop its sampling
+            log.exception("the node brief failed")
 
     async def run(self) -> None:
         """Serve until SIGTERM/SIGINT (or `request_stop()`)."""

@@ -7,6 +7,7 @@ handlers call them inline.
 from __future__ import annotations
 
 from gpud.auth import Caller
+from gpud.brief import ENDED_KEPT_S
 from gpud.protocol import (
     ErrorCode,
     ListRequest,
@@ -21,6 +22,7 @@ from gpud.protocol import (
     RunList,
     RunRef,
     RunStatus,
+    RunSummary,
     metrics_reply,
 )
 from gpud.runmodel import AttemptRecord, HealthSummary, RunRecord, RunState
@@ -48,6 +50,17 @@ class Queries:
     def list_runs(self, req: ListRequest) -> RunList:
         runs = self.book.store.runs(active_only=req.active_only, limit=req.limit)
         return RunList(runs=[self.book.summary(self.book.get(r.id) or r) for r in runs])
+
+    def on_this_node(self, now: float) -> list[tuple[RunSummary, HealthSummary | None]]:
+        """The runs a node brief names: active here, or ended within `ENDED_KEPT_S`; with
+        node 0's latest health."""
+        found = []
+        for run in self.book.runs():
+            if run.state.terminal and now - run.state_since > ENDED_KEPT_S:
+                continue
+            health = self.telemetry.health.get(run.id) if run.is_coordinator else None
+            found.append((self.book.summary(run), health))
+        return found
 
     def health(self, req: RunRef) -> HealthSummary:
         run = self.book.find(req.run)

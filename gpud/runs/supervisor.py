@@ -59,7 +59,8 @@ from gpud.runmodel import (
     gpus_text,
     new_run_id,
 )
-from gpud.runs import causes, flight, gang
+from gpud.runs import flight, gang
+from gpud.runs.aftermath import blame_hardware, check_nothing_left
 from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.book import Publish, RunBook, check_coordinator
 from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint
@@ -772,7 +773,7 @@ class Supervisor:
     async def _settle(self, run: RunRecord, part: Part, outcome: Outcome) -> None:
         self._follow_log(run, part)
         now = self.clock()
-        outcome = self._blame_hardware(part, outcome, now)
+        outcome = blame_hardware(self.hardware().gpus, part, outcome, now)
         if outcome.state is RunState.FAILED and flight.dumps(part.dir):
             found = await asyncio.to_thread(flight.analyze, part.dir)
             if found:
@@ -789,7 +790,7 @@ class Supervisor:
             exit=outcome.exit,
             ended_at=now,
         )
-        await self._check_nothing_left(run, part)
+        await check_nothing_left(self.book, run, part, self.hardware().backend, self.sample_gpus)
         # Every way a part ends comes through here; with nothing of it left, its GPUs are
         # free again.
         self.leases.release(run.id, part.record.attempt)
@@ -797,80 +798,6 @@ class Supervisor:
             self.book.move(run.id, outcome.state, outcome.reason)
         # Node 0 folds this into the gang state on its next gang tick. A peer keeps the
         # coordinator's key: it may start the next attempt (resume, restart).
-
-    def _blame_hardware(self, part: Part, outcome: Outcome, now: float) -> Outcome:
-        """A part that failed right after an XID (or a lost GPU) on its GPUs failed because
-        of the hardware, whatever its ranks said: that becomes the cause, their words the
-        cause's lines."""
-        found = outcome.exit.cause
-        if outcome.state is not RunState.FAILED or found is None or not part.record.gpu_uuids:
-            return outcome
-        record = part.record
-        hardware = causes.hardware_cause(
-            self.hardware().gpus, record.gpu_uuids, record.started_at, now
-        )
-        if hardware is None:
-            return outcome
-        hardware = hardware.model_copy(
-            update={
-                "rank": found.rank,
-                "node_rank": found.node_rank,
-                "attempt": found.attempt,
-                "step": found.step,
-                "lines": [f"the ranks saw: {found.summary}", *found.lines],
-            }
-        )
-        reason = f"{hardware.summary} ({hardware.kind.label})"
-        return Outcome(outcome.state, reason, outcome.exit.model_copy(update={"cause": hardware}))
-
-    async def _check_nothing_left(self, run: RunRecord, part: Part) -> None:
-        """No process of the part may survive it, and none may hold GPU memory."""
-        leftovers = await asyncio.to_thread(part.leftovers)
-        if leftovers:
-            await asyncio.to_thread(_kill, leftovers)
-            self.book.event(
-                run,
-                "leftovers",
-                f"{len(leftovers)} process(es) outlived the attempt and were killed: {leftovers}",
-                "warning",
-                pids=leftovers,
-            )
-        holders: list[str] = []
-        backend = self.hardware().backend
-        memory = "no GPU memory held by it (simulated GPUs: no NVML check)"
-        if backend == "none":
-            memory = "no GPUs on this node"
-        elif backend == "nvml":
-            gpus = await self.sample_gpus()
-            memory = "no GPU memory held by it (NVML)"
-            for gpu in gpus:
-                for proc in gpu.processes or []:
-                    if proc.pid in part.pids_seen or proc.pid in leftovers:
-                        holders.append(f"pid {proc.pid} on GPU {gpu.index}")
-        if holders:
-            self.book.event(
-                run,
-                "gpu_memory",
-                "GPU memory still held: " + ", ".join(holders),
-                "critical",
-                holders=holders,
-            )
-        else:
-            self.book.event(
-                run,
-                "verified",
-                f"no process of attempt {part.record.attempt} is left on {self.node}; {memory}",
-            )
-
-
-def _kill(pids: list[int]) -> None:
-    import signal
-
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _interpreter() -> str:

@@ -69,8 +69,9 @@ def test_a_silent_node_is_offline_within_3_s_and_comes_back(daemon: RunningDaemo
     try:
         wait_until(lambda: model.online(key), 15, "the node online")
         node = model.nodes[key]
-        wait_until(lambda: node.info is not None and node.snapshot is not None, 10, "node info")
-        assert node.simulated and node.snapshot is not None and len(node.snapshot.gpus) == 8
+        wait_until(lambda: node.info is not None and node.brief is not None, 10, "node info")
+        assert node.simulated and node.brief is not None and len(node.brief.gpus) == 8
+        assert node.snapshot is None  # full snapshots only for a node on screen
         daemon.proc.send_signal(signal.SIGSTOP)  # the daemon goes silent, sockets stay open
         silent_since = time.monotonic()
         wait_until(lambda: not model.online(key), 5, "the node offline")
@@ -139,7 +140,9 @@ async def test_a_real_run_end_to_end_then_stop_and_resume_it_from_the_ui(
                     owners = [model.process_owner(key, i, pid) for i, pid in procs]
                 return any(o is not None and o.run_id == run_id for o in owners)
 
+            model.focus_node(key)  # as the node screen does: its full snapshots
             await settle(pilot, owned, 20, "a GPU process mapped to the run")
+            model.unfocus_node(key)
 
             await pilot.press("s")
             await pilot.pause()

@@ -41,9 +41,8 @@ async def test_the_node_screen_shows_each_gpus_run_and_maps_processes_to_ranks(
                     }
                 return all(owners.get(i) is not None for i in (0, 1, 4, 5))
 
+            app.push_screen(NodeScreen(model, key))  # its full snapshots come while it shows
             await settle(pilot, mapped, 60, "every rank's process on its leased GPU")
-            app.push_screen(NodeScreen(model, key))
-            await pilot.pause(1.0)
             rows = {
                 line.split()[0]: line.split()
                 for line in screen_text(app).splitlines()

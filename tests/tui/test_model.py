@@ -191,7 +191,7 @@ def test_fleet_summary_and_node_health() -> None:
     assert (s.nodes, s.online, s.offline, s.gpus) == (3, 2, 1, 16)
     assert (s.xid, s.throttled, s.runs, s.running) == (1, 1, 2, 1)
     health = model.nodes["tcp://10.0.0.2:7711"].health()
-    assert health.xid == 1 and health.throttled == (0,) and health.lost == (7,)
+    assert health.xid == 1 and health.throttled == [0] and health.lost == [7]
     assert model.nodes["tcp://10.0.0.1:7711"].health().ok
 
 

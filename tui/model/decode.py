@@ -9,6 +9,7 @@ other topic falls back to `decode_event`. The result is the same `Event`.
 
 from __future__ import annotations
 
+from gpud.brief import NodeBrief
 from gpud.protocol import (
     Event,
     RunLogEvent,
@@ -22,6 +23,10 @@ from gpud.snapshot import NodeEvent, NodeSnapshot
 
 class _HwEvent(Event):
     body: NodeSnapshot
+
+
+class _BriefEvent(Event):
+    body: NodeBrief
 
 
 class _NodeEvent(Event):
@@ -58,6 +63,8 @@ _RUN_KINDS: dict[bytes, type[Event]] = {
 
 
 def _envelope(topic: bytes) -> type[Event] | None:
+    if topic.startswith(b"sum."):
+        return _BriefEvent
     if topic.startswith(b"hw."):
         return _HwEvent
     if topic.startswith(b"node.") and topic.endswith(b".event"):

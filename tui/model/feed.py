@@ -51,16 +51,29 @@ MAX_BACKOFF_S = 15.0
 #: Events taken from one node in one turn at most (the rest wait for the next turn).
 BATCH = 512
 #: After a turn, the event thread lets events gather this long before it polls again:
-#: polling 64 sockets costs about as much as decoding a snapshot, so a turn per event
-#: would cost a tenth of a core at 500 events/s; this bounds the turns to 50 a second,
-#: and adds at most 20 ms to any value's way into the model.
+#: a poll costs about 1.3 µs per socket (a third of a millisecond at 256 nodes), so a
+#: turn per event would cost a tenth of a core at 500 events/s. 20 ms bounds the turns
+#: to 50 a second, and adds at most 20 ms to any value's way into the model; above 64
+#: nodes the wait grows with the fleet, to `GATHER_MAX_S` (a poll stays under 1% of a
+#: core, and a value is still in the model within the frame after it arrived).
 GATHER_S = 0.02
+GATHER_MAX_S = 0.05
+GATHER_NODES = 64
 #: Lines of each node's log fetched when a run is opened.
 TAIL_LINES = 300
 #: Metric rows asked for at once (the protocol's maximum).
 HISTORY_LIMIT = 1_000_000
 #: Threads that send requests; nodes are shared between them.
 REQUEST_THREADS = 4
+#: How often the event thread checks its subscriptions when no screen changed them (a
+#: daemon that sends no briefs is found this way).
+TOPICS_EVERY_S = 1.0
+#: A node's run list is asked for when its brief names a run that moved, and at least
+#: this often.
+RUNS_EVERY_S = 30.0
+
+#: Sockets one node may hold open at once in the feed's context.
+SOCKETS_PER_NODE = 8
 
 ClientFactory = Callable[[NodeTarget], Client]
 
@@ -105,7 +118,8 @@ class EventThread:
             if endpoint is None:
                 continue  # a request thread asks node.info for it
             try:
-                self._subs[key] = Subscription(self._ctx, target, endpoint, self.keys, ())
+                topics = self.model.topics(key)
+                self._subs[key] = Subscription(self._ctx, target, endpoint, self.keys, topics)
                 changed = True
             except (ConfigError, zmq.ZMQError) as exc:
                 self._failed[key] = now
@@ -116,9 +130,15 @@ class EventThread:
         poller = zmq.Poller()
         by_socket: dict[zmq.Socket[bytes], str] = {}
         next_check = 0.0
+        topics_seen, next_topics = -1, 0.0
+        gather = min(GATHER_MAX_S, GATHER_S * max(1.0, len(self.targets) / GATHER_NODES))
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
+                version = self.model.topics_version
+                if version != topics_seen or now >= next_topics:
+                    topics_seen, next_topics = version, now + TOPICS_EVERY_S
+                    self._retopic()
                 if now >= next_check and len(self._subs) < len(self.targets):
                     next_check = now + 0.5
                     if self._subscribe_missing():
@@ -137,12 +157,21 @@ class EventThread:
                     if batch:
                         self.model.apply_events(key, batch)
                 if ready:
-                    self._stop.wait(GATHER_S)
+                    self._stop.wait(gather)
         except Exception:  # a bug here must not take the UI down; it shows as silence
             log.exception("the event thread failed")
         finally:
             for sub in self._subs.values():
                 sub.close()
+
+    def _retopic(self) -> None:
+        """Subscribe each node to what the screens want of it now (`FleetModel.topics`)."""
+        with self.model.lock:
+            wanted = {key: self.model.topics(key) for key in self._subs}
+        for key, topics in wanted.items():
+            sub = self._subs[key]
+            if frozenset(topics) != sub.prefixes:
+                sub.set_prefixes(topics)
 
     @staticmethod
     def _drain(sub: Subscription) -> list[Event]:
@@ -182,6 +211,7 @@ class RequestThread:
         self._due: dict[str, float] = {t.control: 0.0 for t in targets}
         self._failures: dict[str, int] = {}
         self._needs_info: set[str] = {t.control for t in targets}
+        self._runs_due: dict[str, float] = {}  # node → when its run list is asked for next
         self.thread = threading.Thread(
             target=self._run, name=f"gputop-requests-{index}", daemon=True
         )
@@ -240,34 +270,39 @@ class RequestThread:
     def _refresh(self, target: NodeTarget) -> None:
         key = target.control
         client = self._client(target)
+        now = time.monotonic()
         if key in self._needs_info:
             self.model.apply_info(key, client.node_info())
-            self.model.apply_snapshot(key, client.node_hw())
             self.model.apply_node_events(key, client.node_events(limit=100))
             self._needs_info.discard(key)
-        self.model.apply_runs(key, client.runs(limit=200))
+            self._runs_due[key] = 0.0
+        if self.model.take_needs_runs(key) or now >= self._runs_due.get(key, 0.0):
+            self.model.apply_runs(key, client.runs(limit=200))
+            self._runs_due[key] = now + RUNS_EVERY_S
 
     def _fetch_all(self, target: NodeTarget, wants: list[Want]) -> None:
         try:
             client = self._factory(target)
         except ClientError:
             for want in wants:
-                self.model.retry_want(want)
+                self.model.retry_want(want, target.control)
             return
         try:
             for want in wants:
                 try:
-                    fetch(self.model, client, want)
+                    fetch(self.model, client, want, target.control)
                 except Unreachable:
-                    self.model.retry_want(want)
+                    self.model.retry_want(want, target.control)
         finally:
             client.close()
 
 
-def fetch(model: FleetModel, client: Client, want: Want) -> None:
+def fetch(model: FleetModel, client: Client, want: Want, key: str = "") -> None:
     """Fetch one thing the UI wants and put it in the model."""
     try:
-        if want.kind == "metrics":
+        if want.kind == "hw":
+            model.apply_snapshot(key, client.node_hw())
+        elif want.kind == "metrics":
             request = MetricsRequest(run=want.run_id, limit=HISTORY_LIMIT)
             reply = client.call(RUN_METRICS, request, 30.0)
             if isinstance(reply, MetricsReply):
@@ -313,6 +348,9 @@ class Feed:
         # and a node that comes back is still reconnected within a second.
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._ctx.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        # Per node a subscription, a client and its monitor (two sockets), and a fetch's
+        # client now and then: zmq's default of 1023 sockets ends at about 250 nodes.
+        self._ctx.set(zmq.MAX_SOCKETS, max(1023, SOCKETS_PER_NODE * len(nodes) + 64))
         self.events = EventThread(model, nodes, keys, self._stop, poll_s, self._ctx)
         count = max(1, min(request_threads, len(nodes)))
         self.requests = [

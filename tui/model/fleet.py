@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from gpud.brief import NodeBrief
 from gpud.endpoints import canonical_endpoint
 from gpud.protocol import (
     Event,
@@ -34,13 +35,16 @@ from tui.model.runs import RunView
 from tui.model.targets import Target
 
 Clock = Callable[[], float]
+BRIEF_PREFIX = "sum."
+NODE_EVENTS_PREFIX = "node."
+HW_PREFIX = "hw."
 
 
 @dataclass(frozen=True)
 class Want:
     """Something a node's feed thread should fetch for a run the UI shows in detail."""
 
-    kind: str  # "metrics", "logs" or "health"
+    kind: str  # "metrics", "logs", "health", or "hw" (a node's full snapshot)
     run_id: str
     node_rank: int = 0
     attempt: int | None = None
@@ -86,6 +90,9 @@ class FleetModel:
             self.nodes.setdefault(view.key, view)
         self.runs: dict[str, RunView] = {}
         self.focused: Counter[str] = Counter()  # run id → screens showing it
+        self.focused_nodes: Counter[str] = Counter()  # node key → screens showing it
+        #: Moves when what the feed should subscribe to may have changed.
+        self.topics_version = 0
         self.version = 0
         self.events_seen = 0
         # Called (outside the lock) after every change a subscriber may want at once;
@@ -126,7 +133,9 @@ class FleetModel:
 
     def _apply(self, node: NodeView, event: Event, metrics: list[RunMetricsEvent]) -> None:
         body = event.body
-        if isinstance(body, NodeSnapshot):
+        if isinstance(body, NodeBrief):
+            self._brief(node, body)
+        elif isinstance(body, NodeSnapshot):
             node.add_snapshot(body)
         elif isinstance(body, NodeEvent):
             node.events.append(body)
@@ -159,6 +168,18 @@ class FleetModel:
             run = self._run(body.run_id)
             run.events.append(body)
             run.version += 1
+
+    def _brief(self, node: NodeView, brief: NodeBrief) -> None:
+        if not node.briefs:
+            node.briefs = True
+            self.topics_version += 1  # a daemon that sends briefs: no need for everything
+            if node.key not in self.focused_nodes:
+                node.drop_snapshot()  # briefs from now on, snapshots only on its screen
+        node.add_brief(brief)
+        for line in brief.runs:
+            if self._run(line.id).add_brief(node.key, line, brief.time):
+                node.needs_runs = True
+            node.run_ids.add(line.id)
 
     def _summary(self, node: NodeView, summary: RunSummary) -> None:
         self._run(summary.id).add_summary(node.key, summary)
@@ -244,9 +265,13 @@ class FleetModel:
     def wants(self, key: str) -> list[Want]:
         """What the feed of node `key` should fetch now; handed out once each."""
         found: list[Want] = []
-        if not self.focused:
+        if not self.focused and not self.focused_nodes:
             return found  # the common case, without taking the lock
         with self.lock:
+            node = self.nodes[key]
+            if key in self.focused_nodes and not node.snapshot_asked:
+                node.snapshot_asked = True
+                found.append(Want("hw", ""))
             for run_id in list(self.focused):
                 run = self.runs.get(run_id)
                 if run is None or not run.known:
@@ -268,11 +293,16 @@ class FleetModel:
                         found.append(Want("health", run_id))
         return found
 
-    def retry_want(self, want: Want) -> None:
+    def retry_want(self, want: Want, key: str | None = None) -> None:
         """A fetch that could not reach its node: hand it out again on a later turn."""
         with self.lock:
+            if want.kind == "hw" and key is not None:
+                self.nodes[key].snapshot_asked = False
+                return
             run = self.runs.get(want.run_id)
             if run is None:
+                return
+            if want.kind == "hw":
                 return
             if want.kind == "metrics":
                 run.history = "none"
@@ -284,15 +314,54 @@ class FleetModel:
     # ================================================================ UI side
 
     def focus(self, run_id: str) -> None:
-        """A screen shows this run in detail: fetch its history, logs and health."""
+        """A screen shows this run in detail: fetch its history, logs and health, and
+        subscribe to its every event."""
         with self.lock:
             self.focused[run_id] += 1
+            self.topics_version += 1
 
     def unfocus(self, run_id: str) -> None:
         with self.lock:
             self.focused[run_id] -= 1
             if self.focused[run_id] <= 0:
                 del self.focused[run_id]
+            self.topics_version += 1
+
+    def focus_node(self, key: str) -> None:
+        """A screen shows this node: its full snapshots, as long as it does."""
+        with self.lock:
+            self.focused_nodes[key] += 1
+            self.topics_version += 1
+
+    def unfocus_node(self, key: str) -> None:
+        with self.lock:
+            self.focused_nodes[key] -= 1
+            if self.focused_nodes[key] <= 0:
+                del self.focused_nodes[key]
+                node = self.nodes[key]
+                node.drop_snapshot()
+                node.snapshot_asked = False
+            self.topics_version += 1
+
+    def topics(self, key: str) -> tuple[str, ...]:
+        """What the feed subscribes to on node `key`: briefs and hardware events always;
+        full snapshots of a node on screen; every event of a run on screen. A daemon that
+        sends no briefs (an older gpud) gets everything, as before briefs existed."""
+        node = self.nodes[key]
+        if not node.briefs and node.quiet_for_briefs(self.clock()):
+            return ("",)
+        wanted = [BRIEF_PREFIX, NODE_EVENTS_PREFIX]
+        if key in self.focused_nodes or not node.briefs:
+            wanted.append(HW_PREFIX)  # until its first brief, snapshots say it is alive
+        wanted += [f"run.{run_id}." for run_id in sorted(self.focused)]
+        return tuple(wanted)
+
+    def take_needs_runs(self, key: str) -> bool:
+        """Whether a brief showed a run this node should list again (once each)."""
+        with self.lock:
+            node = self.nodes[key]
+            needed, node.needs_runs = node.needs_runs, False
+            return needed
 
     def node(self, key: str) -> NodeView | None:
         return self.nodes.get(key)

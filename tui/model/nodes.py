@@ -1,9 +1,15 @@
-"""What gputop knows about one node: its latest snapshot, GPU histories, events, liveness.
+"""What gputop knows about one node: its brief, its GPU histories, events, liveness, and
+its full snapshot while a screen shows the node.
 
-A node is online while its events keep coming. Every event counts (hardware snapshots
-arrive each interval), so a node whose events stop for `offline_after_s` — 2.5 s at the
-default 1 s interval — is shown offline, within the 3 s the UI promises, and shows online
-again with the first event after it comes back.
+A node is online while its events keep coming. Every event counts (briefs arrive each
+interval), so a node whose events stop for `offline_after_s` — 2.5 s at the default 1 s
+interval — is shown offline, within the 3 s the UI promises, and shows online again with
+the first event after it comes back.
+
+Views of many nodes read the node's `brief` (`sum.<node>`, ~1 kB: per GPU its activity,
+memory and trouble; the node's health); the full `snapshot` (`hw.<node>`, ~30 kB) comes
+only while the node's own screen is open (and from daemons that send no briefs, from
+which a brief is derived).
 """
 
 from __future__ import annotations
@@ -12,35 +18,50 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from gpud.brief import (
+    NodeBrief,
+    NodeHealthBrief,
+    activity_pct,
+    gpu_link_errors,
+    memory_pct,
+    node_brief,
+    throttle_reasons,
+)
 from gpud.client import NodeTarget
 from gpud.protocol import NodeInfo
-from gpud.snapshot import GpuSample, NodeEvent, NodeSnapshot
+from gpud.snapshot import NodeEvent, NodeSnapshot
 from tui.model.series import Recent
 
 #: Silence after which a node is offline, at the default 1 s interval.
 OFFLINE_AFTER_S = 2.5
-#: Clock-event reasons that mean the GPU is being slowed down (not idle, not app clocks).
-SLOWDOWN_REASONS = frozenset(
-    {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
-)
 NODE_EVENTS_KEPT = 200
+#: How long after a node's first event gputop waits for its first brief before taking it
+#: for a daemon without briefs and subscribing to everything it sends.
+BRIEF_GRACE_S = 3.0
 _TRAILING_NUMBER = re.compile(r"[-_.]?\d+$")
+
+__all__ = [
+    "GpuHistory",
+    "NodeHealthBrief",
+    "NodeLoad",
+    "NodeView",
+    "activity_pct",
+    "gpu_link_errors",
+    "group_of",
+    "memory_pct",
+    "throttle_reasons",
+]
 
 
 @dataclass
 class GpuHistory:
-    """Recent readings of one GPU, for its sparklines."""
+    """Recent readings of one GPU, for its sparklines: activity and memory from every
+    brief, power and temperature while the node's full snapshots come."""
 
     util: Recent = field(default_factory=Recent)
     memory: Recent = field(default_factory=Recent)  # percent of total
     power: Recent = field(default_factory=Recent)
     temperature: Recent = field(default_factory=Recent)
-
-    def add(self, gpu: GpuSample) -> None:
-        self.util.add(activity_pct(gpu))
-        self.memory.add(memory_pct(gpu))
-        self.power.add(gpu.power_w)
-        self.temperature.add(gpu.temperature_c)
 
 
 @dataclass(frozen=True)
@@ -54,66 +75,12 @@ class NodeLoad:
     memory_count: int = 0
 
 
-def node_load(snapshot: NodeSnapshot | None) -> NodeLoad:
-    if snapshot is None:
+def node_load(brief: NodeBrief | None) -> NodeLoad:
+    if brief is None:
         return NodeLoad()
-    utils = [u for g in snapshot.gpus if (u := activity_pct(g)) is not None]
-    mems = [m for g in snapshot.gpus if (m := memory_pct(g)) is not None]
-    return NodeLoad(len(snapshot.gpus), sum(utils), len(utils), sum(mems), len(mems))
-
-
-@dataclass(frozen=True)
-class NodeHealth:
-    """Hardware trouble of a node, as counts a fleet row can show."""
-
-    xid: int = 0  # unacknowledged XID events
-    throttled: tuple[int, ...] = ()  # GPUs with a slowdown reason active
-    link_errors: int = 0  # NVLink CRC/replay/recovery + PCIe replays + IB errors
-    ecc_uncorrected: int = 0
-    lost: tuple[int, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not (
-            self.xid or self.throttled or self.link_errors or self.ecc_uncorrected or self.lost
-        )
-
-
-def activity_pct(gpu: GpuSample) -> float | None:
-    """SM activity where the GPU reports it (GPM), else NVML utilization."""
-    return gpu.sm_activity_pct if gpu.sm_activity_pct is not None else gpu.utilization_gpu_pct
-
-
-def memory_pct(gpu: GpuSample) -> float | None:
-    if gpu.memory_used_bytes is None or not gpu.memory_total_bytes:
-        return None
-    return 100.0 * gpu.memory_used_bytes / gpu.memory_total_bytes
-
-
-def gpu_link_errors(gpu: GpuSample) -> int:
-    total = gpu.pcie_replay_count or 0
-    for link in gpu.nvlinks or ():
-        total += (link.crc_errors or 0) + (link.replay_errors or 0) + (link.recovery_errors or 0)
-    return total
-
-
-def throttle_reasons(gpu: GpuSample) -> list[str]:
-    return sorted(SLOWDOWN_REASONS.intersection(gpu.clock_event_reasons or ()))
-
-
-def node_health(snapshot: NodeSnapshot | None) -> NodeHealth:
-    if snapshot is None:
-        return NodeHealth()
-    links = sum(gpu_link_errors(g) for g in snapshot.gpus)
-    for port in snapshot.host.infiniband:
-        links += (port.symbol_errors or 0) + (port.link_downed or 0) + (port.rx_errors or 0)
-    return NodeHealth(
-        xid=sum(g.xid.unacknowledged for g in snapshot.gpus),
-        throttled=tuple(g.index for g in snapshot.gpus if throttle_reasons(g)),
-        link_errors=links,
-        ecc_uncorrected=sum(g.ecc_uncorrected_volatile or 0 for g in snapshot.gpus),
-        lost=tuple(g.index for g in snapshot.gpus if g.lost),
-    )
+    utils = [g.activity_pct for g in brief.gpus if g.activity_pct is not None]
+    mems = [g.memory_pct for g in brief.gpus if g.memory_pct is not None]
+    return NodeLoad(len(brief.gpus), sum(utils), len(utils), sum(mems), len(mems))
 
 
 def group_of(name: str) -> str:
@@ -133,6 +100,13 @@ class NodeView:
         self.configured_group = group
         self.info: NodeInfo | None = None
         self.snapshot: NodeSnapshot | None = None
+        self.brief: NodeBrief | None = None
+        self.brief_version = 0  # moves with every brief: what a fleet row is drawn from
+        self._history_time = 0.0  # the sample time the histories last took
+        self.briefs = False  # its daemon sends briefs (`sum.<node>`)
+        self.first_seen: float | None = None  # monotonic time of its first event
+        self.needs_runs = False  # a brief named a run whose full record is to be asked for
+        self.snapshot_asked = False  # node.hw asked since its screen opened
         self.last_seen: float | None = None  # monotonic time of the last event
         self.interval_s = 1.0
         self.error: str | None = None
@@ -140,15 +114,14 @@ class NodeView:
         self.events: deque[NodeEvent] = deque(maxlen=NODE_EVENTS_KEPT)
         self.run_ids: set[str] = set()
         self.version = 0
-        self._health: tuple[NodeSnapshot | None, NodeHealth] = (None, NodeHealth())
-        self._load: tuple[NodeSnapshot | None, NodeLoad] = (None, NodeLoad())
+        self._load: tuple[NodeBrief | None, NodeLoad] = (None, NodeLoad())
 
     @property
     def name(self) -> str:
         if self.configured_name:
             return self.configured_name
-        if self.snapshot is not None:
-            return self.snapshot.node
+        if self.brief is not None:
+            return self.brief.node
         if self.info is not None:
             return self.info.node
         return self.label
@@ -159,8 +132,8 @@ class NodeView:
 
     @property
     def simulated(self) -> bool:
-        if self.snapshot is not None:
-            return self.snapshot.simulated
+        if self.brief is not None:
+            return self.brief.simulated
         return bool(self.info and self.info.simulated)
 
     def offline_after_s(self) -> float:
@@ -173,7 +146,13 @@ class NodeView:
 
     def seen(self, now: float) -> None:
         self.last_seen = now
+        if self.first_seen is None:
+            self.first_seen = now
         self.error = None
+
+    def quiet_for_briefs(self, now: float) -> bool:
+        """Heard from for a while, but no brief came: a daemon that sends none."""
+        return self.first_seen is not None and now - self.first_seen > BRIEF_GRACE_S
 
     def add_snapshot(self, snapshot: NodeSnapshot) -> None:
         if (
@@ -183,22 +162,48 @@ class NodeView:
         ):
             return  # the same sample again (node.hw after the event)
         self.snapshot = snapshot
-        self.interval_s = snapshot.interval_s or 1.0
         for gpu in snapshot.gpus:
-            self.histories.setdefault(gpu.index, GpuHistory()).add(gpu)
+            history = self._history(gpu.index)
+            history.power.add(gpu.power_w)
+            history.temperature.add(gpu.temperature_c)
+        if self.brief is None or snapshot.time >= self.brief.time:
+            # From a daemon that sends no briefs, or ahead of this sample's brief: the
+            # fleet's view of the node follows the full snapshot (without its runs).
+            self.add_brief(node_brief(snapshot))
         self.version += 1
 
-    def health(self) -> NodeHealth:
-        """Computed once per snapshot: every screen asks for it on every frame."""
-        snapshot, health = self._health
-        if snapshot is not self.snapshot:
-            health = node_health(self.snapshot)
-            self._health = (self.snapshot, health)
-        return health
+    def add_brief(self, brief: NodeBrief) -> None:
+        if self.brief is not None and brief.time < self.brief.time:
+            return  # older than what is shown
+        if self.brief is not None and brief.time == self.brief.time and brief.runs == []:
+            return  # a brief derived from the snapshot this one came with
+        self.brief = brief
+        self.brief_version += 1
+        self.interval_s = brief.interval_s or 1.0
+        if brief.time > self._history_time:
+            self._history_time = brief.time
+            for gpu in brief.gpus:
+                history = self._history(gpu.index)
+                history.util.add(gpu.activity_pct)
+                history.memory.add(gpu.memory_pct)
+        self.version += 1
+
+    def _history(self, index: int) -> GpuHistory:
+        history = self.histories.get(index)
+        if history is None:
+            history = self.histories[index] = GpuHistory()
+        return history
+
+    def drop_snapshot(self) -> None:
+        """Its screen closed: the full snapshot is no longer kept (nor sent)."""
+        self.snapshot = None
+
+    def health(self) -> NodeHealthBrief:
+        return self.brief.health if self.brief is not None else NodeHealthBrief()
 
     def load(self) -> NodeLoad:
-        snapshot, load = self._load
-        if snapshot is not self.snapshot:
-            load = node_load(self.snapshot)
-            self._load = (self.snapshot, load)
+        brief, load = self._load
+        if brief is not self.brief:
+            load = node_load(self.brief)
+            self._load = (self.brief, load)
         return load

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gpud.brief import RunBrief
 from gpud.protocol import MetricsReply, RunSummary
 from gpud.runmodel import (
     SAMPLES_PER_S_NAMES,
@@ -75,6 +76,7 @@ class RunView:
         self.history: History = "none"
         self.history_error: str | None = None
         self.health_asked = False
+        self.brief_verdict: str | None = None  # node 0's brief says, when no health came
         self.metrics_version = 0
         self.version = 0
 
@@ -103,6 +105,41 @@ class RunView:
         self.parts[summary.node_rank] = summary
         self.part_nodes[summary.node_rank] = node_key
         self.version += 1
+
+    def add_brief(self, node_key: str, brief: RunBrief, when: float) -> bool:
+        """A run's line in a node's brief (`gpud.brief`): its state, step and values move
+        with it; returns whether that node's full record must be asked for (the run is
+        new here, or its state or attempt moved, and with them its reason)."""
+        part = self.parts.get(brief.node_rank)
+        if part is None:
+            self.part_nodes.setdefault(brief.node_rank, node_key)
+            return True
+        stale = part.state is not brief.state or part.attempt != brief.attempt
+        step = brief.last_step if brief.last_step is not None else part.last_step
+        values = {**part.last_values, **brief.values}
+        if stale or step != part.last_step or values != part.last_values:
+            self.parts[brief.node_rank] = part.model_copy(
+                update={"state": brief.state, "attempt": brief.attempt, "last_step": step,
+                        "last_values": values}
+            )  # fmt: skip
+            self.version += 1
+        if brief.node_rank == min(self.parts):
+            if brief.verdict != self.brief_verdict:
+                self.brief_verdict = brief.verdict
+                self.version += 1
+            if brief.last_step is not None:
+                self._progressed(brief.attempt, when, float(brief.last_step))
+        return stale
+
+    def _progressed(self, attempt: int, when: float, step: float) -> None:
+        if attempt < self.progress_attempt:
+            return
+        if attempt > self.progress_attempt:
+            self.progress.clear()  # a resume: the pause is not part of the rate
+            self.progress_attempt = attempt
+        if self.progress and self.progress[-1][1] == step:
+            return  # no step since: a brief repeats the same step every second
+        self.progress.append((when, step))
 
     def gpus_text(self) -> str:
         """The GPUs it holds on each node, as every view writes them (`n0:0-3 n1:4-7`)."""
@@ -143,14 +180,13 @@ class RunView:
                 continue
             for name, value in values.items():
                 if isinstance(value, (int, float)):
-                    series = self.metrics.setdefault(name, MetricSeries())
+                    series = self.metrics.get(name)
+                    if series is None:
+                        series = self.metrics[name] = MetricSeries()
                     changed |= series.append(attempt, float(step), float(value))
             when = point.get("time")
-            if isinstance(when, (int, float)) and attempt >= self.progress_attempt:
-                if attempt > self.progress_attempt:
-                    self.progress.clear()  # a resume: the pause is not part of the rate
-                    self.progress_attempt = attempt
-                self.progress.append((float(when), float(step)))
+            if isinstance(when, (int, float)):
+                self._progressed(attempt, float(when), float(step))
         if changed:
             self.metrics_version += 1
             self.version += 1
@@ -245,10 +281,10 @@ class RunView:
         return max(0.0, (summary.max_steps - done) / ((s1 - s0) / (t1 - t0)))
 
     def verdict(self) -> str | None:
-        if self.health is None:
-            return None
         if self.parts and self.summary.state.terminal:
             return None  # the last verdict of an ended run says nothing now
+        if self.health is None:
+            return self.brief_verdict
         return self.health.verdict
 
     def ending(self) -> Ending | None:

@@ -68,8 +68,12 @@ class NodeScreen(LiveScreen):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.model.focus_node(self.key)  # its full snapshots, while this screen is open
         self.refresh_model()
         self.query_one(GpuTable).focus()
+
+    def on_unmount(self) -> None:
+        self.model.unfocus_node(self.key)
 
     def _selected_gpu(self) -> int | None:
         key = self.query_one(GpuTable).selected_key
