@@ -156,6 +156,15 @@ def accounting_on(config: str) -> bool:
     return False
 
 
+def overrides_end_record(slurm_state: str, stopping: str) -> bool:
+    """Whether Slurm's word on how a run of the job ended beats the script's end record:
+    so where the scheduler ended it (ENDED_BY_SLURM: a node failure, a preemption, ...)
+    and the script was not stopping it itself (gpuctl stop, the time limit). The record
+    sees only srun's exit code, and srun exits 0 when Slurm kills its step for a node
+    failure; the batch shell may live long enough to write that down."""
+    return not stopping and state_word(slurm_state) in ENDED_BY_SLURM
+
+
 def cancel_to_stop(state: RunState) -> bool:
     """Whether `gpuctl stop` cancels the job rather than ask its batch shell for a
     checkpoint: so while it waits (nothing to checkpoint) and while Slurm configures it

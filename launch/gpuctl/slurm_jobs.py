@@ -206,14 +206,31 @@ class SlurmRun:
                 rows[(row.attempt, row.step)] = row
         return metrics_reply(self.id, rows)
 
-    def cause(self) -> FailureCause | None:
-        """Why the latest attempt failed, read from its nodes' files as gpud reads a part's
-        (error files, torchrun's summary, tracebacks, signals); the earliest wins."""
+    def _attempt_dir(self, attempt: int | None) -> Path | None:
+        """The attempt's directory (the latest one for None), if any part made it."""
+        if attempt is not None:
+            path = self.run_dir / f"attempt-{attempt}"
+            return path if path.is_dir() else None
         attempts = sorted(
-            self.run_dir.glob("attempt-*"), key=lambda p: int(p.name.removeprefix("attempt-"))
+            (p for p in self.run_dir.glob("attempt-*") if p.name[8:].isdigit()),
+            key=lambda p: int(p.name[8:]),
         )
+        return attempts[-1] if attempts else None
+
+    def unreported(self, attempt: int) -> list[int]:
+        """The nodes of the attempt whose part never wrote how it ended (exit.json): it
+        was killed with its node, or never started."""
+        attempt_dir = self.run_dir / f"attempt-{attempt}"
+        nodes = int((self.config["spec"].get("slurm") or {}).get("nodes") or 1)
+        return [n for n in range(nodes) if not (attempt_dir / f"node-{n}" / "exit.json").exists()]
+
+    def cause(self, attempt: int | None = None) -> FailureCause | None:
+        """Why the attempt (the latest for None) failed, read from its nodes' files as
+        gpud reads a part's (error files, torchrun's summary, tracebacks, signals); the
+        earliest wins."""
+        attempt_dir = self._attempt_dir(attempt)
         found = []
-        for node_dir in sorted(attempts[-1].glob("node-*")) if attempts else []:
+        for node_dir in sorted(attempt_dir.glob("node-*")) if attempt_dir else []:
             try:
                 ended = json.loads((node_dir / "exit.json").read_text())
                 text = (node_dir / "output.log").read_text(errors="replace")
@@ -248,11 +265,15 @@ class SlurmRun:
         restarts = last.restarts if last is not None else self._restarts_seen(ends, base)
         attempt = base + restarts
         end = next((e for e in reversed(ends) if int(e.get("restart", 0)) == restarts), None)
-        if end is not None:
+        if end is not None and not (
+            last is not None
+            and last.run_state.terminal
+            and slurm_states.overrides_end_record(last.state, str(end.get("stopping") or ""))
+        ):
             return self._ended(job, end, attempt)
         if last is not None and last.run_state.terminal:
             state, reason, cause = last.ended(job, source)
-            if slurm_states.state_word(last.state) == "FAILED" and (found := self.cause()):
+            if slurm_states.state_word(last.state) == "FAILED" and (found := self.cause(attempt)):
                 reason, cause = f"{found.kind.value}: {found.summary}; Slurm job {job}", found
             return SlurmStatus(state, reason, attempt, cause)
         if last is not None:  # accounting has not caught up with the job's end
@@ -281,8 +302,17 @@ class SlurmRun:
             why = f"stopped at the time limit; Slurm job {job}"
             return SlurmStatus(RunState.STOPPED, why, attempt)
         if code == 0:
-            return SlurmStatus(RunState.SUCCEEDED, f"Slurm job {job} completed", attempt)
-        cause = self.cause()
+            # srun's 0 is a success only if every node's part says so: srun also exits 0
+            # when Slurm kills its step for a node failure.
+            failed, lost = self.cause(attempt), self.unreported(attempt)
+            if failed is None and not lost:
+                return SlurmStatus(RunState.SUCCEEDED, f"Slurm job {job} completed", attempt)
+            why = (
+                f"{failed.kind.value}: {failed.summary}" if failed
+                else f"node {lost[0]} never reported how its part ended"
+            )  # fmt: skip
+            return SlurmStatus(RunState.FAILED, f"{why}; Slurm job {job}", attempt, failed)
+        cause = self.cause(attempt)
         why = f"{cause.kind.value}: {cause.summary}" if cause else f"exit code {code}"
         return SlurmStatus(RunState.FAILED, f"{why}; Slurm job {job}", attempt, cause)
 
