@@ -272,6 +272,10 @@ class LocalSlurm:
         for pid in pids:
             while time.monotonic() < deadline:
                 try:
+                    os.waitpid(pid, os.WNOHANG)  # MariaDB is our child: not left a zombie
+                except ChildProcessError:
+                    pass
+                try:
                     os.kill(pid, 0)
                 except ProcessLookupError:
                     break
@@ -281,6 +285,26 @@ class LocalSlurm:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        for pid in self._stepds():  # still there with its slurmd gone: nothing ends it
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _stepds(self) -> list[int]:
+        """This cluster's slurmstepd processes (they carry its SLURM_CONF): one of a node
+        set DOWN outlives its slurmd."""
+        found = []
+        mark = f"SLURM_CONF={self.conf}".encode()
+        for proc in Path("/proc").iterdir():
+            try:
+                if (proc / "comm").read_text().strip() != "slurmstepd":
+                    continue
+                if mark in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except (OSError, ValueError):
+                continue
+        return found
 
     def hold_in_prolog(self, hold: bool) -> None:
         """Keep jobs that start from now on CONFIGURING (slurmctld's prolog waits), or
