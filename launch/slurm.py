@@ -36,39 +36,6 @@ def run_dir_for(spec: RunSpec, run_id: str) -> str:
     return str(Path(spec.workdir or ".").resolve() / "gpud-runs" / run_id)
 
 
-#: Slurm job states (squeue's %T) as gpud's run states.
-STATES = {
-    "PENDING": "queued",
-    "REQUEUED": "queued",
-    "REQUEUE_HOLD": "queued",
-    "REQUEUE_FED": "queued",
-    "RESIZING": "queued",
-    "CONFIGURING": "starting",
-    "RUNNING": "running",
-    "COMPLETING": "stopping",
-    "STOPPED": "stopping",
-    "SIGNALING": "stopping",
-    "STAGE_OUT": "stopping",
-    "SUSPENDED": "stopping",
-    "COMPLETED": "succeeded",
-    "FAILED": "failed",
-    "NODE_FAIL": "failed",
-    "OUT_OF_MEMORY": "failed",
-    "BOOT_FAIL": "failed",
-    "DEADLINE": "failed",
-    "TIMEOUT": "stopped",
-    "PREEMPTED": "stopped",
-    "CANCELLED": "stopped",
-    "REVOKED": "stopped",
-    "SPECIAL_EXIT": "failed",
-}
-
-
-def run_state(slurm_state: str) -> str:
-    """gpud's state for a Slurm job state; `CANCELLED by 0` and the like included."""
-    return STATES.get(slurm_state.split(maxsplit=1)[0] if slurm_state else "", "failed")
-
-
 class SlurmScriptError(ValueError):
     """The spec cannot be rendered as a batch script (one line that says what to fix)."""
 

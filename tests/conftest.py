@@ -51,14 +51,16 @@ def daemon(daemons: Callable[..., RunningDaemon]) -> RunningDaemon:
 
 
 @pytest.fixture
-def slurm() -> Iterator[LocalSlurm]:
+def slurm(request: pytest.FixtureRequest) -> Iterator[LocalSlurm]:
     """A real two-node Slurm on loopback (tests/support/slurm.py); skipped, saying why,
-    where Slurm is not installed. `.ci/run` installs it."""
-    why = missing()
+    where Slurm is not installed. `.ci/run` installs it. A test may ask for another one
+    (accounting, a short MinJobAge) with `tests.support.slurm_runs.with_slurm(...)`."""
+    options: dict[str, Any] = getattr(request, "param", {})
+    why = missing(bool(options.get("accounting")))
     if why is not None:
         pytest.skip(why)
     root = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))  # short: a unix socket lives here
-    cluster = LocalSlurm(root).start()
+    cluster = LocalSlurm(root, **options).start()
     yield cluster
     cluster.stop()
     shutil.rmtree(root, ignore_errors=True)

@@ -7,12 +7,20 @@ job submitted for it), `ends.jsonl` (how each run of a job ended, written by the
 gpuctl remembers the run dirs it submitted in `$GPUD_CONFIG_DIR/slurm-runs.json`.
 
 State comes from `squeue` while Slurm remembers the job (`-t all`: MinJobAge after it
-ends), then from `ends.jsonl`.
+ends); once it has forgotten, from `sacct` where accounting is on (`scontrol show config`,
+asked once per gpuctl call); and from `ends.jsonl` for how a run ended, when the script
+lived to write it (a node failure, an OOM kill of the batch step, a hard kill at the time
+limit or a preemption leaves none: then Slurm's word). A run's attempt is the job's first
+(`attempt_base`) plus the restarts Slurm counts (`RestartCnt`, sacct's runs of the job),
+as the part runner numbers it (`SLURM_RESTART_COUNT`): requeues by the script, by an admin
+or by a preemption alike.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -30,7 +38,8 @@ from gpud.runmodel import (
     new_run_id,
 )
 from gpud.runs.causes import find_cause
-from launch import slurm
+from launch import slurm, slurm_states
+from launch.slurm_states import JobRun
 from launch.spec import RunSpec
 
 INDEX = "slurm-runs.json"
@@ -42,11 +51,16 @@ class SlurmError(RuntimeError):
     """A Slurm command failed or is missing (one line that says what to fix)."""
 
 
-def _slurm(*argv: str, timeout: float = 30) -> str:
+#: What squeue says of a job slurmctld no longer remembers.
+FORGOTTEN = "Invalid job id specified"
+
+
+def _slurm(*argv: str, timeout: float = 30, env: dict[str, str] | None = None) -> str:
     try:
         done = subprocess.run(
-            list(argv), check=False, capture_output=True, text=True, timeout=timeout
-        )
+            list(argv), check=False, capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, **env} if env else None,
+        )  # fmt: skip
     except FileNotFoundError:
         raise SlurmError(
             f"{argv[0]} is not installed here: run gpuctl on a Slurm login node"
@@ -57,6 +71,34 @@ def _slurm(*argv: str, timeout: float = 30) -> str:
         why = (done.stderr or done.stdout).strip().splitlines()
         raise SlurmError(f"{argv[0]}: {why[-1] if why else f'exit code {done.returncode}'}")
     return done.stdout
+
+
+def queued(job: str) -> JobRun | None:
+    """The job as squeue sees it, None once slurmctld has forgotten it."""
+    try:
+        out = _slurm("squeue", "-h", "-t", "all", "-j", job, *slurm_states.SQUEUE_FORMAT)
+    except SlurmError as exc:
+        if FORGOTTEN in str(exc):
+            return None
+        raise
+    return slurm_states.parse_squeue(out)
+
+
+@functools.cache
+def accounting() -> bool:
+    """Whether this cluster accounts its jobs (sacct answers); asked once per gpuctl call
+    and only when a job is forgotten. A scontrol that fails counts as no accounting."""
+    try:
+        return slurm_states.accounting_on(_slurm("scontrol", "show", "config"))
+    except SlurmError:
+        return False
+
+
+def accounted(job: str, submitted_at: float) -> list[JobRun]:
+    """Every run of the job in Slurm's accounting, oldest first."""
+    out = _slurm("sacct", "-X", "-D", "-P", "-n", "-j", job, *slurm_states.SACCT_FIELDS,
+                 env=slurm_states.SACCT_ENV)  # fmt: skip
+    return slurm_states.parse_sacct(out, job, submitted_at)
 
 
 def _index_path() -> Path:
@@ -90,6 +132,16 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 def _append(path: Path, item: dict[str, Any]) -> None:
     with open(path, "a") as out:
         out.write(json.dumps(item) + "\n")
+
+
+@dataclass(frozen=True)
+class SlurmStatus:
+    """A Slurm run's state as gpuctl shows it."""
+
+    state: RunState
+    reason: str
+    attempt: int
+    cause: FailureCause | None = None
 
 
 @dataclass
@@ -154,14 +206,31 @@ class SlurmRun:
                 rows[(row.attempt, row.step)] = row
         return metrics_reply(self.id, rows)
 
-    def cause(self) -> FailureCause | None:
-        """Why the latest attempt failed, read from its nodes' files as gpud reads a part's
-        (error files, torchrun's summary, tracebacks, signals); the earliest wins."""
+    def _attempt_dir(self, attempt: int | None) -> Path | None:
+        """The attempt's directory (the latest one for None), if any part made it."""
+        if attempt is not None:
+            path = self.run_dir / f"attempt-{attempt}"
+            return path if path.is_dir() else None
         attempts = sorted(
-            self.run_dir.glob("attempt-*"), key=lambda p: int(p.name.removeprefix("attempt-"))
+            (p for p in self.run_dir.glob("attempt-*") if p.name[8:].isdigit()),
+            key=lambda p: int(p.name[8:]),
         )
+        return attempts[-1] if attempts else None
+
+    def unreported(self, attempt: int) -> list[int]:
+        """The nodes of the attempt whose part never wrote how it ended (exit.json): it
+        was killed with its node, or never started."""
+        attempt_dir = self.run_dir / f"attempt-{attempt}"
+        nodes = int((self.config["spec"].get("slurm") or {}).get("nodes") or 1)
+        return [n for n in range(nodes) if not (attempt_dir / f"node-{n}" / "exit.json").exists()]
+
+    def cause(self, attempt: int | None = None) -> FailureCause | None:
+        """Why the attempt (the latest for None) failed, read from its nodes' files as
+        gpud reads a part's (error files, torchrun's summary, tracebacks, signals); the
+        earliest wins."""
+        attempt_dir = self._attempt_dir(attempt)
         found = []
-        for node_dir in sorted(attempts[-1].glob("node-*")) if attempts else []:
+        for node_dir in sorted(attempt_dir.glob("node-*")) if attempt_dir else []:
             try:
                 ended = json.loads((node_dir / "exit.json").read_text())
                 text = (node_dir / "output.log").read_text(errors="replace")
@@ -177,52 +246,89 @@ class SlurmRun:
             return None
         return min(found, key=cause_precedence)
 
-    def state(self) -> tuple[RunState, str, int]:
-        """(state, reason, attempt) from squeue, else from the script's end records."""
+    def state(self) -> SlurmStatus:
+        """The run's state, why, and its attempt: from squeue while Slurm remembers the
+        job; then from how its last run ended, by the script's end record, else by
+        Slurm's word (squeue's, else sacct's where accounting is on)."""
         jobs = self.jobs
         if not jobs:
-            return RunState.FAILED, "never submitted", 1
+            return SlurmStatus(RunState.FAILED, "never submitted", 1)
         job, base = str(jobs[-1]["job"]), int(jobs[-1].get("attempt_base", 1))
-        line = _slurm("squeue", "-h", "-t", "all", "-j", job, "-o", "%T|%r").strip()
-        slurm_state, _, reason = line.splitlines()[0].partition("|") if line else ("", "", "")
+        live = queued(job)
+        if live is not None and not live.run_state.terminal:
+            return SlurmStatus(live.run_state, live.waiting(job), base + live.restarts)
+        last, source = live, "squeue"
+        if last is None and accounting():
+            runs = accounted(job, float(jobs[-1].get("submitted_at") or 0))
+            last, source = (runs[-1] if runs else None), "sacct"
         ends = self.ends(job)
-        attempt = base + sum(1 for e in ends if e.get("requeued"))
-        if slurm_state:
-            state = RunState(slurm.run_state(slurm_state))
-            if not state.terminal:
-                why = f"Slurm job {job}: {slurm_state}"
-                if reason and reason != "None":
-                    why += f" ({reason})"
-                return state, why, attempt
-        if ends:
-            end = ends[-1]
-            code, stopping = int(end.get("code", 1)), str(end.get("stopping") or "")
-            if stopping == "stop":
-                return RunState.STOPPED, f"stopped (gpuctl stop); Slurm job {job}", attempt
-            if stopping == "time_limit":
-                return RunState.STOPPED, f"stopped at the time limit; Slurm job {job}", attempt
-            if code == 0:
-                return RunState.SUCCEEDED, f"Slurm job {job} completed", attempt
-            cause = self.cause()
-            why = f"{cause.kind.value}: {cause.summary}" if cause else f"exit code {code}"
-            return RunState.FAILED, f"{why}; Slurm job {job}", attempt
-        if slurm_state:
-            why = f"Slurm job {job}: {slurm_state}"
-            return RunState(slurm.run_state(slurm_state)), why, attempt
-        return RunState.FAILED, f"Slurm job {job} is gone and left no end record", attempt
+        restarts = last.restarts if last is not None else self._restarts_seen(ends, base)
+        attempt = base + restarts
+        end = next((e for e in reversed(ends) if int(e.get("restart", 0)) == restarts), None)
+        if end is not None and not (
+            last is not None
+            and last.run_state.terminal
+            and slurm_states.overrides_end_record(last.state, str(end.get("stopping") or ""))
+        ):
+            return self._ended(job, end, attempt)
+        if last is not None and last.run_state.terminal:
+            state, reason, cause = last.ended(job, source)
+            if slurm_states.state_word(last.state) == "FAILED" and (found := self.cause(attempt)):
+                reason, cause = f"{found.kind.value}: {found.summary}; Slurm job {job}", found
+            return SlurmStatus(state, reason, attempt, cause)
+        if last is not None:  # accounting has not caught up with the job's end
+            return SlurmStatus(last.run_state, f"{last.waiting(job)}, says sacct", attempt)
+        how = "sacct has no record of it" if accounting() else "accounting is off"
+        why = f"Slurm job {job} is gone, left no end record, and {how}"
+        return SlurmStatus(RunState.FAILED, why, attempt)
+
+    def _restarts_seen(self, ends: list[dict[str, Any]], base: int) -> int:
+        """Without Slurm's count: the requeues the end records name, and the attempts
+        that left a directory (a run killed with its job writes no end record)."""
+        seen = [int(e.get("restart", 0)) + bool(e.get("requeued")) for e in ends]
+        for attempt_dir in self.run_dir.glob("attempt-*"):
+            number = attempt_dir.name.removeprefix("attempt-")
+            if number.isdigit() and int(number) >= base:
+                seen.append(int(number) - base)
+        return max(seen, default=0)
+
+    def _ended(self, job: str, end: dict[str, Any], attempt: int) -> SlurmStatus:
+        """How a run of the job ended, by the batch script's own record."""
+        code, stopping = int(end.get("code", 1)), str(end.get("stopping") or "")
+        if stopping == "stop":
+            why = f"stopped (gpuctl stop); Slurm job {job}"
+            return SlurmStatus(RunState.STOPPED, why, attempt)
+        if stopping == "time_limit":
+            why = f"stopped at the time limit; Slurm job {job}"
+            return SlurmStatus(RunState.STOPPED, why, attempt)
+        if code == 0:
+            # srun's 0 is a success only if every node's part says so: srun also exits 0
+            # when Slurm kills its step for a node failure.
+            failed, lost = self.cause(attempt), self.unreported(attempt)
+            if failed is None and not lost:
+                return SlurmStatus(RunState.SUCCEEDED, f"Slurm job {job} completed", attempt)
+            why = (
+                f"{failed.kind.value}: {failed.summary}" if failed
+                else f"node {lost[0]} never reported how its part ended"
+            )  # fmt: skip
+            return SlurmStatus(RunState.FAILED, f"{why}; Slurm job {job}", attempt, failed)
+        cause = self.cause(attempt)
+        why = f"{cause.kind.value}: {cause.summary}" if cause else f"exit code {code}"
+        return SlurmStatus(RunState.FAILED, f"{why}; Slurm job {job}", attempt, cause)
 
     def summary(self) -> RunSummary:
-        state, reason, attempt = self.state()
+        status = self.state()
         last_step, values = self.latest_metrics()
         spec = self.config["spec"]
         where = f"slurm:{self.job}"
         return RunSummary(
             id=self.id,
             name=self.name,
-            state=state,
+            state=status.state,
             state_since=time.time(),
-            reason=reason,
-            attempt=attempt,
+            reason=status.reason,
+            attempt=status.attempt,
+            cause=status.cause,
             created_at=float(self.config["created_at"]),
             node_rank=0,
             nodes=[

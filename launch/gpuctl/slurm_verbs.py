@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from pathlib import Path
 
 import click
 
 from gpud.protocol import RunSummary
 from gpud.runmodel import RunState, steps_text
+from launch import slurm_states
 from launch.gpuctl import slurm_jobs
-from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Ctl, fail
+from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, Ctl, fail
 from launch.gpuctl.output import emit_json
 
 #: How long `gpuctl stop` waits for the job to end (the trainers checkpoint first).
@@ -69,37 +70,39 @@ def status(ctl: Ctl, run: slurm_jobs.SlurmRun) -> None:
 
 def stop(ctl: Ctl, run: slurm_jobs.SlurmRun, force: bool, no_wait: bool) -> None:
     try:
-        state, _, _ = run.state()
+        state = run.state().state
         if state.terminal:
             fail(f"run {run.id} is already {state.value}", EXIT_FAILED)
-        # A job still queued has nothing to checkpoint: cancel it.
-        job = slurm_jobs.stop(run, cancel=force or state is RunState.QUEUED)
+        cancel = force or slurm_states.cancel_to_stop(state)
+        job = slurm_jobs.stop(run, cancel=cancel)
     except slurm_jobs.SlurmError as exc:
         fail(str(exc), EXIT_FAILED)
-    how = "cancelled" if force else "asked to checkpoint and stop"
+    how = "cancelled" if cancel else "asked to checkpoint and stop"
     if no_wait:
         click.echo(f"{run.id}: Slurm job {job} {how}")
         return
     deadline = time.monotonic() + STOP_WAIT_S
     while time.monotonic() < deadline:
-        state, reason, _ = run.state()
-        if state.terminal:
-            click.echo(f"{run.id} {state.value}: {reason}")
+        status = run.state()
+        if status.state.terminal:
+            click.echo(f"{run.id} {status.state.value}: {status.reason}")
             sys.exit(EXIT_OK)
         time.sleep(1.0)
     fail(f"{run.id}: Slurm job {job} has not ended after {STOP_WAIT_S:.0f} s", EXIT_FAILED)
 
 
 def resume(ctl: Ctl, run: slurm_jobs.SlurmRun, checkpoint: str | None) -> None:
-    """A new job for the run: the next attempt, from its newest checkpoint (or --from)."""
+    """A new job for the run: the next attempt, from its newest checkpoint (or --from, made
+    absolute here as for a gpud run: the job runs in another directory)."""
     try:
-        state, _, attempt = run.state()
+        status = run.state()
+        state, attempt = status.state, status.attempt
         if not state.terminal:
             fail(f"run {run.id} is {state.value}: stop it before resuming", EXIT_FAILED)
         if state is RunState.SUCCEEDED:
             fail(f"run {run.id} succeeded: nothing to resume", EXIT_FAILED)
-        if checkpoint is not None and not Path(checkpoint).is_absolute():
-            fail(f"--from {checkpoint}: give an absolute path", EXIT_USAGE)
+        if checkpoint is not None:
+            checkpoint = os.path.abspath(checkpoint)
         job = slurm_jobs.submit(run, attempt_base=attempt + 1, resume_from=checkpoint)
     except slurm_jobs.SlurmError as exc:
         fail(str(exc), EXIT_FAILED)

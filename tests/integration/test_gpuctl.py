@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support.daemons import RunningDaemon, free_port, gpuctl, run_cli
+from tests.support.daemons import RunningDaemon, complete, free_port, gpuctl
 from tests.support.runs import CPU_DDP, FAST, launch, script_spec, wait_for
 
 
@@ -253,13 +252,6 @@ def test_a_finished_run_shows_the_same_steps_done_in_ps_status_and_health(
         line for line in ctl("status", run_id).splitlines() if line.startswith("progress")
     )
     assert f"step {done}" in progress, progress
-
-
-def complete(words: str) -> subprocess.CompletedProcess[str]:
-    """What bash asks gpuctl while the user presses tab after `words`."""
-    env = {"_GPUCTL_COMPLETE": "bash_complete", "COMP_WORDS": words,
-           "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}  # fmt: skip
-    return run_cli("launch.gpuctl", env=env, timeout=30)
 
 
 def test_shell_completion_offers_the_run_ids_and_names_the_nodes_know(

@@ -1,7 +1,8 @@
 """`gpuctl launch --slurm` on a real local Slurm (issue 12): the CPU DDP example across two
 slurmd nodes, in `gpuctl ps` with its step and loss; stop with a checkpoint and resume;
-the time-limit signal, checkpoint and requeue; a failing script's cause; a job that waits
-with Slurm's reason. No gpud daemon runs: state comes from Slurm and the run's files."""
+the time-limit signal, checkpoint and requeue; a requeue by an admin; a failing script's
+cause; a job that waits with Slurm's reason, one Slurm is still configuring. No gpud
+daemon runs: state comes from Slurm and the run's files."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.daemons import RunningDaemon, complete, gpuctl
 from tests.support.runs import CPU_DDP, FAST, force_stop, launch
 from tests.support.slurm import LocalSlurm
 from tests.support.slurm_runs import ps, run_dir, submit, wait_until, write_spec
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_slurm_run_shows_in_ps_stops_with_a_checkpoint_and_resumes_from_it(
-    cluster: LocalSlurm, tmp_path: Path
+    cluster: LocalSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_id, job = submit(write_spec(tmp_path, "ddp-on-slurm", steps=100_000))
     row = wait_until(run_id, lambda r: r["state"] == "running" and (r["last_step"] or 0) >= 60)
@@ -40,7 +41,9 @@ def test_a_slurm_run_shows_in_ps_stops_with_a_checkpoint_and_resumes_from_it(
     last = row["last_step"]
     checkpoints = sorted((run_dir(tmp_path, run_id) / "checkpoints").glob("step_*.pt"))
     assert checkpoints and checkpoints[-1].name == f"step_{last:08d}.pt"  # the stop's own
-    resumed = gpuctl("resume", run_id)
+    # --from a relative path, as for a gpud run: made absolute where gpuctl runs.
+    monkeypatch.chdir(checkpoints[-1].parent)
+    resumed = gpuctl("resume", run_id, "--from", checkpoints[-1].name)
     assert resumed.returncode == 0 and "as attempt 2" in resumed.stdout, resumed.stderr
     wait_until(run_id, lambda r: r["attempt"] == 2 and (r["last_step"] or 0) > last + 20)
     log = gpuctl("logs", run_id).stdout
@@ -82,6 +85,49 @@ def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole
     assert [r["step"] for r in reply["rows"]] == list(range(steps))
     second = min(m["step"] for m in history if m["attempt"] == 2)
     assert reply["resumed_at"] == [second] and second > 0
+
+
+def test_an_admins_requeue_is_the_next_attempt_and_it_resumes_from_the_newest_checkpoint(
+    cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    steps = 600
+    run_id, job = submit(write_spec(tmp_path, "requeued", steps=steps, requeue=True))
+    wait_until(run_id, lambda r: r["state"] == "running" and (r["last_step"] or 0) >= 60)
+    # Slurm kills the job (the batch shell too: no end record) and queues it again.
+    cluster.run("scontrol", "requeue", job)
+    row = wait_until(run_id, lambda r: r["state"] == "queued")
+    assert row["attempt"] == 2, row
+    assert row["reason"] == f"Slurm job {job}: PENDING (BeginTime), requeued", row["reason"]
+    status = gpuctl("status", run_id)
+    assert f"{run_id} (requeued): queued, attempt 2" in status.stdout, status.stdout
+    files = run_dir(tmp_path, run_id)
+    assert not (files / "ends.jsonl").exists()
+    newest = sorted((files / "checkpoints").glob("step_*.pt"))[-1]
+    cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # Slurm's 2-min hold
+    row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"}, timeout=300)
+    assert (row["state"], row["attempt"], row["last_step"]) == ("succeeded", 2, steps - 1), row
+    (end,) = [json.loads(line) for line in (files / "ends.jsonl").read_text().splitlines()]
+    assert (end["restart"], end["code"]) == (1, 0)
+    resumed_at = int(newest.stem.removeprefix("step_")) + 1
+    assert f"resumed from {newest} at step {resumed_at}" in gpuctl("logs", run_id).stdout
+    reply = json.loads(gpuctl("--json", "metrics", run_id, "--name", "loss").stdout)
+    assert [r["step"] for r in reply["rows"]] == list(range(steps)), "a hole in the metrics"
+    assert reply["resumed_at"] == [resumed_at]
+
+
+def test_stop_cancels_a_job_slurm_is_still_configuring(cluster: LocalSlurm, tmp_path: Path) -> None:
+    cluster.hold_in_prolog(True)  # slurmctld's prolog: the job stays CONFIGURING
+    run_id, job = submit(write_spec(tmp_path, "configuring", steps=10))
+    row = wait_until(run_id, lambda r: r["state"] == "starting")
+    assert row["reason"] == f"Slurm job {job}: CONFIGURING", row["reason"]
+    stopped = gpuctl("stop", run_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip().startswith(f"{run_id} stopped: cancelled (CANCELLED")
+    cluster.hold_in_prolog(False)
+    assert not list(run_dir(tmp_path, run_id).glob("attempt-*")), "a part started"
+    # A Slurm run's id and name complete at the prompt, as a gpud run's do.
+    offered = complete("gpuctl resume ")
+    assert set(offered.stdout.splitlines()) == {f"plain,{run_id}", "plain,configuring"}
 
 
 def test_a_failing_script_fails_with_its_cause(cluster: LocalSlurm, tmp_path: Path) -> None:

@@ -50,6 +50,13 @@ def gpuctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return run_cli("launch.gpuctl", *args, timeout=timeout)
 
 
+def complete(words: str) -> subprocess.CompletedProcess[str]:
+    """What bash asks gpuctl while the user presses tab after `words`."""
+    env = {"_GPUCTL_COMPLETE": "bash_complete", "COMP_WORDS": words,
+           "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}  # fmt: skip
+    return run_cli("launch.gpuctl", env=env, timeout=30)
+
+
 @dataclass
 class RunningDaemon:
     proc: subprocess.Popen[bytes]

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.daemons import gpuctl
 
 ROOT = Path(__file__).parents[2]
@@ -64,3 +66,10 @@ def wait_until(
 
 def run_dir(tmp_path: Path, run_id: str) -> Path:
     return tmp_path / "gpud-runs" / run_id
+
+
+def with_slurm(**options: Any) -> pytest.MarkDecorator:
+    """The test's `slurm` (and `cluster`) with these LocalSlurm options: accounting=True,
+    min_job_age_s=2 (slurmctld forgets an ended job within seconds)."""
+    label = ",".join(f"{k}={v}" for k, v in options.items())
+    return pytest.mark.parametrize("slurm", [options], indirect=True, ids=[label])

@@ -86,7 +86,13 @@ CONTRACTS = [
     ),
     Contract(
         "run specs, command builders and auto-tuning do no I/O",
-        covers=("launch.spec", "launch.backends", "launch.autotune", "launch.slurm"),
+        covers=(
+            "launch.spec",
+            "launch.backends",
+            "launch.autotune",
+            "launch.slurm",
+            "launch.slurm_states",
+        ),
         forbidden=IO_LIBRARIES + IO_PROJECT_MODULES,
         static_only=("socket", "subprocess"),
     ),
