@@ -35,6 +35,7 @@ IO_PROJECT_MODULES = (
     "gpud.attach.server",
     "gpud.audit",
     "gpud.auth",
+    "gpud.baselines",
     "gpud.cli",
     "gpud.client",
     "gpud.control",
@@ -87,6 +88,12 @@ CONTRACTS = [
     Contract(
         "run specs, command builders and auto-tuning do no I/O",
         covers=("launch.spec", "launch.backends", "launch.autotune", "launch.slurm"),
+        forbidden=IO_LIBRARIES + IO_PROJECT_MODULES,
+        static_only=("socket", "subprocess"),
+    ),
+    Contract(
+        "the scaling arithmetic does no I/O",
+        covers=("gpud.scaling",),
         forbidden=IO_LIBRARIES + IO_PROJECT_MODULES,
         static_only=("socket", "subprocess"),
     ),
