@@ -140,6 +140,32 @@ def test_a_count_whose_gpus_are_held_is_reported_in_its_row(
     assert reply["saved_to"] == str(baselines_path())  # what was measured is kept
 
 
+@pytest.mark.slow
+def test_node_counts_run_over_the_first_nodes_of_the_list(
+    daemons: Callable[..., RunningDaemon],
+) -> None:
+    node0 = daemons(node="n0", simulate_gpus=None)
+    node1 = daemons(node="n1", simulate_gpus=None)
+    result = gpuctl(
+        "--node", node0.address, "--node", node1.address, "--json", "scaling", str(CPU_DDP),
+        "--nodes", "1,2", "--set", "nproc_per_node=1", "--steps", "30", "--warmup", "5",
+        "--set", FAST, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    scaling = json.loads(result.stdout)["scaling"]
+    assert [h["node"] for h in scaling["hardware"]] == ["n0", "n1"]
+    one, two = (ScalingPoint.model_validate(p) for p in scaling["points"])
+    assert (one.nodes, one.world, two.nodes, two.world) == (1, 1, 2, 2)
+    assert two.run_id is not None
+    # node 0 coordinated it, node 1 ran the other rank; rank 0 logged the steps timed.
+    assert [p.node_rank for p in status(node0, two.run_id).parts] == [0, 1]
+    assert status(node1, two.run_id).run.state.value == "succeeded"
+    steps = {int(str(r["step"])): float(str(r["time"])) for r in metrics_rows(node0, two.run_id)}
+    assert two.steps_per_s == pytest.approx(30 / (steps[34] - steps[4]), rel=1e-9)
+    assert one.throughput is not None and two.throughput is not None
+    assert two.efficiency == pytest.approx(two.throughput / (2 * one.throughput), rel=1e-12)
+
+
 def running_runs(daemon: RunningDaemon) -> list[str]:
     with Client(daemon.target()) as client:
         runs = client.call(RUN_LIST, ListRequest())
