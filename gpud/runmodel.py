@@ -8,6 +8,7 @@ trainers are validated strictly, since they arrive on a socket.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, Literal, TypedDict
 
@@ -599,10 +600,35 @@ def new_run_id(name: str) -> str:
     return f"{name}-{secrets.token_hex(3)}"
 
 
-#: Metric names a trainer may log its throughput under, best first: gputop's RATE and
-#: /metrics' gpud_run_samples_per_second and gpud_run_tokens_per_second read them.
+#: Metric names a trainer may log its throughput under, best first: gputop's RATE,
+#: /metrics' gpud_run_samples_per_second and gpud_run_tokens_per_second, and gpuctl
+#: scaling read them.
 SAMPLES_PER_S_NAMES = ("samples_per_s", "samples/s", "samples_per_sec", "throughput")
 TOKENS_PER_S_NAMES = ("tokens_per_s", "tokens/s", "tokens_per_sec")
+
+
+def logged_rate(values: Mapping[str, float], names: Sequence[str]) -> tuple[str, float] | None:
+    """The first of `names` a trainer logged, with its value (None: it logs none)."""
+    return next(((name, values[name]) for name in names if name in values), None)
+
+
+def samples_per_rank_step(training: Mapping[str, Any]) -> int | None:
+    """Samples one process trains per optimizer step, from a spec's `training` section:
+    batch_size_per_gpu × gradient_accumulation (None without a batch size)."""
+    batch = training.get("batch_size_per_gpu")
+    if not batch:
+        return None
+    return int(batch) * int(training.get("gradient_accumulation") or 1)
+
+
+def step_rate_samples(
+    step_time_s: float | None, world_size: int | None, per_rank_step: int | None
+) -> float | None:
+    """Samples/s when the trainer logs none: every process trains `per_rank_step` samples
+    per step of `step_time_s` (the global batch grows with the world, as DDP's does)."""
+    if not (step_time_s and world_size and per_rank_step):
+        return None
+    return per_rank_step * world_size / step_time_s
 
 
 class HealthSummary(Reading):

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpud.protocol import RunSummary
-from gpud.runmodel import SAMPLES_PER_S_NAMES, TOKENS_PER_S_NAMES, HealthSummary, RunState
+from gpud.runmodel import (
+    SAMPLES_PER_S_NAMES,
+    TOKENS_PER_S_NAMES,
+    HealthSummary,
+    RunState,
+    logged_rate,
+    step_rate_samples,
+)
 from gpud.snapshot import GpuSample, HostSample, NodeSnapshot, PodRef
 
 MIB = 1024 * 1024
@@ -188,17 +195,20 @@ class RunOnNode:
         if self.summary.state not in TRAINING:
             return None, None
         logged = self.summary.last_values
-        samples = next((logged[n] for n in SAMPLES_PER_S_NAMES if n in logged), None)
-        tokens = next((logged[n] for n in TOKENS_PER_S_NAMES if n in logged), None)
+        samples = _value(logged_rate(logged, SAMPLES_PER_S_NAMES))
+        tokens = _value(logged_rate(logged, TOKENS_PER_S_NAMES))
         health = self.health
-        if samples is None and self.samples_per_rank_step and health and health.world_size:
+        if samples is None and health is not None:
             times = [r.step_time_s for r in health.ranks if r.step_time_s]
-            if times:
-                step_time = statistics.median(times)
-                samples = self.samples_per_rank_step * health.world_size / step_time
+            step_time = statistics.median(times) if times else None
+            samples = step_rate_samples(step_time, health.world_size, self.samples_per_rank_step)
         if tokens is None and samples is not None and self.tokens_per_sample:
             tokens = samples * self.tokens_per_sample
         return samples, tokens
+
+
+def _value(found: tuple[str, float] | None) -> float | None:
+    return None if found is None else found[1]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from gpud.prometheus.series import (
     host_families,
     run_families,
 )
+from gpud.runmodel import samples_per_rank_step
 from gpud.slurm.jobs import SlurmJobs
 from gpud.snapshot import NodeSnapshot
 
@@ -42,16 +43,13 @@ def runs_on_node(supervisor: Supervisor) -> list[RunOnNode]:
                 if uuid:
                     ranks.setdefault(uuid, rank.rank)
         training = run.spec.get("training") or {}
-        batch = training.get("batch_size_per_gpu")
         found.append(
             RunOnNode(
                 summary=book.summary(run),
                 health=telemetry.health.get(run.id) if run.is_coordinator else None,
                 ranks_by_gpu=ranks,
                 gpus=tuple(leased),
-                samples_per_rank_step=(
-                    batch * (training.get("gradient_accumulation") or 1) if batch else None
-                ),
+                samples_per_rank_step=samples_per_rank_step(training),
                 tokens_per_sample=training.get("seq_len"),
             )
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import click
 
@@ -37,8 +38,14 @@ def outcome_line(run: RunSummary) -> str:
     return f"{run.id} {run.state.value}" + (f": {run.reason}" if run.reason else "")
 
 
-def follow(ctl: Ctl, run: FoundRun, quiet: bool = False) -> int:
-    """Poll until the run ends; prints progress (not with --json). 0 if it succeeded."""
+def follow(
+    ctl: Ctl,
+    run: FoundRun,
+    quiet: bool = False,
+    watch: Callable[[RunStatus], None] | None = None,
+) -> int:
+    """Poll until the run ends; prints progress (not with --json). 0 if it succeeded.
+    `watch` sees every status read, the last one included."""
     tty = sys.stderr.isatty() and not ctl.json and not quiet
     last_printed = ""
     unreachable_since: float | None = None
@@ -56,6 +63,8 @@ def follow(ctl: Ctl, run: FoundRun, quiet: bool = False) -> int:
             time.sleep(1.0)
             continue
         summary = status.run
+        if watch is not None:
+            watch(status)
         line = progress_line(summary)
         if not ctl.json and not quiet and line != last_printed:
             if tty:

@@ -73,9 +73,19 @@ def _targets(ctl: Ctl, spec: RunSpec) -> list[NodeTarget]:
     return ctl.targets()
 
 
-def _start(
-    ctl: Ctl, spec: RunSpec, targets: list[NodeTarget], dry_run: bool, queue: bool
+class JoinFailed(Exception):
+    """A node could not join a run node 0 created (node 0 was told to stop it)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def start(
+    ctl: Ctl, spec: RunSpec, targets: list[NodeTarget], dry_run: bool = False, queue: bool = False
 ) -> tuple[LaunchReply, list[JoinReply]]:
+    """Create the run on node 0 and join every other node to it. Raises `ClientError` when
+    node 0 refuses, `JoinFailed` when another node does."""
     refs = [_node_ref(t) for t in targets]
     body = spec.model_dump(mode="json")
     launch = LaunchRequest(spec=body, nodes=refs, dry_run=dry_run, queue=queue)
@@ -100,7 +110,9 @@ def _start(
         except ClientError as exc:
             if not dry_run:
                 _abandon(ctl, targets[0], reply.run.id)
-            fail(f"{target.label} could not join run {reply.run.id}: {exc}", exit_code_for(exc))
+            raise JoinFailed(
+                f"{target.label} could not join run {reply.run.id}: {exc}", exit_code_for(exc)
+            ) from None
         assert isinstance(joined, JoinReply)
         joins.append(joined)
     return reply, joins
@@ -142,16 +154,20 @@ def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
         click.echo(f"gpuctl: warning: could not stop {run_id} on node 0: {exc}", err=True)
 
 
-@click.command("launch")
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--name", help="Run name (overrides the spec's `name`).")
-@click.option(
+#: `--set KEY.PATH=VALUE`, as every verb that starts runs from a spec takes it.
+overrides_option = click.option(
     "--set",
     "overrides",
     multiple=True,
     metavar="KEY.PATH=VALUE",
     help="Override a spec key, e.g. --set training.max_steps=100 (repeatable).",
 )
+
+
+@click.command("launch")
+@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--name", help="Run name (overrides the spec's `name`).")
+@overrides_option
 @click.option("--wait", is_flag=True, help="Follow the run; exit 0 if it succeeds, else 1.")
 @click.option(
     "--dry-run", is_flag=True, help="Print each node's exact command and env; start nothing."
@@ -188,9 +204,11 @@ def launch_command(
         return
     targets = _targets(ctl, spec)
     try:
-        reply, joins = _start(ctl, spec, targets, dry_run, queue or spec.queue)
+        reply, joins = start(ctl, spec, targets, dry_run, queue or spec.queue)
     except ClientError as exc:
         fail(f"{targets[0].label}: {exc}", exit_code_for(exc))
+    except JoinFailed as exc:
+        fail(str(exc), exc.code)
     if dry_run:
         plans = [p for p in [reply.plan, *(j.plan for j in joins)] if p is not None]
         if ctl.json:

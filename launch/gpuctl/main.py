@@ -25,6 +25,7 @@ VERBS = {
     "logs": "launch.gpuctl.runs:logs_command",
     "metrics": "launch.gpuctl.observe:metrics_command",
     "health": "launch.gpuctl.observe:health_command",
+    "scaling": "launch.gpuctl.scaling:scaling_command",
     "nodes": "launch.gpuctl.nodes:nodes_command",
     "hw": "launch.gpuctl.hw:hw_command",
     "keys": "launch.gpuctl.keys:keys_group",

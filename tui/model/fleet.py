@@ -29,7 +29,9 @@ from gpud.protocol import (
     RunSummary,
 )
 from gpud.runmodel import HealthSummary, RunEvent
+from gpud.scaling import LiveEfficiency, live_efficiency
 from gpud.snapshot import NodeEvent, NodeSnapshot
+from tui.model.baselines import BaselineBook
 from tui.model.nodes import NodeView
 from tui.model.runs import RunView
 from tui.model.targets import Target
@@ -80,10 +82,12 @@ class FleetModel:
         targets: Iterable[Target],
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
+        baselines: BaselineBook | None = None,
     ) -> None:
         self.lock = threading.RLock()
         self.clock = clock
         self.wall = wall
+        self.baselines = baselines or BaselineBook(clock=clock)
         self.nodes: dict[str, NodeView] = {}
         for target in targets:
             view = NodeView(target.node, target.group)
@@ -392,6 +396,28 @@ class FleetModel:
             if canonical_endpoint(key) == wanted:
                 return key
         return None
+
+    def efficiency(self, run: RunView) -> LiveEfficiency | None:
+        """A live run's throughput against linear scaling of its spec's baseline (`gpuctl
+        scaling`), noting when that was measured on other hardware; None without one."""
+        rate = run.rate()
+        world = run.world_size()
+        if not run.known or rate is None or not world:
+            return None
+        baseline = self.baselines.get(run.summary.name)
+        if baseline is None:
+            return None
+        value = live_efficiency(baseline, rate.value, rate.unit, world)
+        if value is None:
+            return None
+        kinds = [
+            (info.gpu_name if info.gpu_count else None, info.simulated)
+            for key in run.part_nodes.values()
+            if (info := self.nodes[key].info) is not None
+        ]
+        same = all(any(h.same_kind(*kind) for h in baseline.hardware) for kind in kinds)
+        other = None if same else "; ".join(h.describe() for h in baseline.hardware)
+        return LiveEfficiency(value, world, baseline, other)
 
     def online(self, key: str) -> bool:
         return self.nodes[key].online(self.clock())

@@ -145,6 +145,9 @@ class RunView:
         """The GPUs it holds on each node, as every view writes them (`n0:0-3 n1:4-7`)."""
         return gpus_by_node_text({rank: part.gpus for rank, part in self.parts.items()})
 
+    def parts_hold_gpus(self) -> bool:
+        return any(part.gpus for part in self.parts.values())
+
     def nproc_by_node(self) -> list[int | None]:
         """Processes per node of the run, in node-rank order (None: not known yet)."""
         nodes = len(self.summary.nodes) if self.parts else 0

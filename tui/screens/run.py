@@ -72,7 +72,7 @@ class RunScreen(LiveScreen):
             names = run.metric_names()
             if names and self.metric not in names:
                 self.metric = names[0]
-            self.query_one(RunHeader).show(run, self.metric)
+            self.query_one(RunHeader).show(run, self.metric, self.model.efficiency(run))
             self.query_one(LossChart).show(run, self.metric)
             self.query_one(HealthPanel).show(run)
             tail = self.query_one(LogTail)

@@ -1,12 +1,16 @@
 """Two lines about a run: what it is (state, attempt, launcher and backend, nodes ×
-processes) and how it goes (step, loss, learning rate, throughput, ETA)."""
+processes) and how it goes (step, loss, learning rate, throughput, ETA); a third when its
+spec has a scaling baseline: its efficiency against linear."""
 
 from __future__ import annotations
+
+import time
 
 from rich.text import Text
 from textual.widgets import Static
 
 from gpud.runmodel import Attachment
+from gpud.scaling import LiveEfficiency
 from tui.model import units
 from tui.model.runs import RunView
 from tui.widgets.runs_table import STATE_STYLES, shape
@@ -14,7 +18,7 @@ from tui.widgets.runs_table import STATE_STYLES, shape
 SPARK = 8
 
 
-def header_text(run: RunView, metric: str) -> Text:
+def header_text(run: RunView, metric: str, efficiency: LiveEfficiency | None = None) -> Text:
     text = Text()
     if not run.known:
         text.append(f"{run.id}: waiting for the nodes to report it…", style="dim")
@@ -61,6 +65,11 @@ def header_text(run: RunView, metric: str) -> Text:
         text.append(" " + units.sparkline(list(lr), SPARK).strip(), style="magenta")
     if s.last_checkpoint is not None and s.last_checkpoint.step is not None:
         text.append(f"  ckpt @{s.last_checkpoint.step}", style="dim")
+    if efficiency is not None:
+        text.append("\n")
+        text.append_text(
+            efficiency_text(efficiency, "GPUs" if run.parts_hold_gpus() else "processes")
+        )
     return text
 
 
@@ -72,6 +81,33 @@ def attached_text(attached: Attachment) -> str:
     return f"{attached.scheduler} ({who})"
 
 
+def efficiency_text(live: LiveEfficiency, devices: str) -> Text:
+    """`efficiency 87% of linear at 8 GPUs`, and what it is against."""
+    text = Text()
+    pct = live.efficiency * 100
+    style = "green" if pct >= 85 else ("yellow" if pct >= 60 else "red")
+    text.append("efficiency ", style="cyan")
+    text.append(f"{pct:.0f}%", style=f"bold {style}")
+    text.append(f" of linear at {live.world} {devices}")
+    baseline = live.baseline
+    base = baseline.base
+    if live.other_hardware is not None:
+        text.append(f"  (baseline from other hardware: {live.other_hardware})", style="yellow")
+    elif base is not None and base.throughput is not None:
+        day = time.strftime("%Y-%m-%d", time.localtime(baseline.measured_at))
+        where = f"{base.world} process{'es' if base.world > 1 else ''}"
+        text.append(
+            f"  (baseline {_rate(base.throughput)} {base.unit} at {where}, {day})",
+            style="dim",
+        )
+    return text
+
+
+def _rate(value: float) -> str:
+    """`19,320` (as gpuctl scaling prints it), `2.5` for small ones."""
+    return f"{value:,.0f}" if value >= 100 else units.number(value, 3)
+
+
 def _short(start: str, width: int = 48) -> str:
     """`from /long/path/ckpt/step_00000029.pt (step 29)`, cut at the front to fit."""
     return start if len(start) <= width else "from …" + start[-(width - 6) :]
@@ -80,8 +116,8 @@ def _short(start: str, width: int = 48) -> str:
 class RunHeader(Static):
     _key: tuple[object, ...] | None = None
 
-    def show(self, run: RunView, metric: str) -> None:
-        key = (run.id, run.version, metric)
+    def show(self, run: RunView, metric: str, efficiency: LiveEfficiency | None = None) -> None:
+        key = (run.id, run.version, metric, efficiency)
         if key != self._key:
             self._key = key
-            self.update(header_text(run, metric))
+            self.update(header_text(run, metric, efficiency))
