@@ -644,6 +644,10 @@ class RunMetricsEvent(Reading):
 def _event_body_model(topic: str) -> type[BaseModel] | None:
     if topic.startswith("hw."):
         return NodeSnapshot
+    if topic.startswith("sum."):
+        from gpud.brief import NodeBrief  # built on this module's RunSummary
+
+        return NodeBrief
     if topic.startswith("node.") and topic.endswith(".event"):
         return NodeEvent
     if topic.startswith("run."):

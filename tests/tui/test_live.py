@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from textual.widgets._toast import Toast
 
+from gpud.brief import NodeBrief
 from gpud.client import Client
 from gpud.protocol import RunList
 from gpud.runmodel import RunState
@@ -81,6 +82,53 @@ def test_a_silent_node_is_offline_within_3_s_and_comes_back(daemon: RunningDaemo
     finally:
         daemon.proc.send_signal(signal.SIGCONT)
         feed.stop()
+
+
+@pytest.mark.slow
+def test_the_fleet_takes_briefs_and_a_node_on_screen_its_full_snapshots(
+    daemon: RunningDaemon,
+) -> None:
+    run_id = launch(daemon, *SHORT)
+    try:
+        # What the daemon publishes: the node in brief, naming its run and how far it is.
+        with Client(daemon.target()) as client, client.subscribe("sum.") as sub:
+
+            def brief() -> NodeBrief:
+                event = sub.recv(timeout_s=5)
+                assert event is not None and isinstance(event.body, NodeBrief), event
+                return event.body
+
+            found = brief()
+            deadline = time.monotonic() + 60
+            while not any(r.id == run_id and (r.last_step or 0) > 0 for r in found.runs):
+                assert time.monotonic() < deadline, found.runs
+                found = brief()
+        assert found.simulated and len(found.gpus) == 8 and found.health.ok
+        line = next(r for r in found.runs if r.id == run_id)
+        assert line.state is RunState.RUNNING and line.node_rank == 0 and "loss" in line.values
+        # gputop's fleet: briefs only; a node on screen gets its full snapshots while it is.
+        model, feed, key = watch(daemon)
+        feed.start()
+        try:
+            node = model.nodes[key]
+            wait_until(lambda: node.brief is not None and node.briefs, 15, "a brief")
+            time.sleep(2.5)  # two more intervals: any snapshot would be here by now
+            assert node.snapshot is None
+            model.focus_node(key)
+            wait_until(lambda: node.snapshot is not None, 5, "the full snapshot")
+            snap = node.snapshot
+            assert snap is not None and len(snap.gpus) == 8 and snap.host.hostname
+            first = snap.seq
+            wait_until(lambda: node.snapshot is not None and node.snapshot.seq > first, 5, "more")
+            model.unfocus_node(key)
+            assert node.snapshot is None
+            time.sleep(2.5)
+            assert node.snapshot is None, "a snapshot came after the node's screen closed"
+            assert node.brief is not None and any(r.id == run_id for r in node.brief.runs)
+        finally:
+            feed.stop()
+    finally:
+        stop_quietly(daemon, run_id)
 
 
 @pytest.mark.slow

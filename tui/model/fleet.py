@@ -140,7 +140,7 @@ class FleetModel:
         if isinstance(body, NodeBrief):
             self._brief(node, body)
         elif isinstance(body, NodeSnapshot):
-            node.add_snapshot(body)
+            self._snapshot(node, body)
         elif isinstance(body, NodeEvent):
             node.events.append(body)
             node.version += 1
@@ -173,6 +173,11 @@ class FleetModel:
             run.events.append(body)
             run.version += 1
 
+    def _snapshot(self, node: NodeView, snapshot: NodeSnapshot) -> None:
+        if node.briefs and node.key not in self.focused_nodes:
+            return  # late, from before its screen closed: its brief shows the node
+        node.add_snapshot(snapshot)
+
     def _brief(self, node: NodeView, brief: NodeBrief) -> None:
         if not node.briefs:
             node.briefs = True
@@ -197,7 +202,7 @@ class FleetModel:
     def apply_snapshot(self, key: str, snapshot: NodeSnapshot) -> None:
         """A snapshot from `node.hw` (not an event: it does not prove liveness)."""
         with self.lock:
-            self._node(key).add_snapshot(snapshot)
+            self._snapshot(self._node(key), snapshot)
             self._changed()
 
     def apply_runs(self, key: str, runs: RunList) -> None:
