@@ -25,6 +25,8 @@ from gpud.attach.wire import (
     NodesUpdate,
 )
 from gpud.protocol import NodeRefIn
+from gpud.runmodel import ExitInfo, RunState
+from gpud.runs.causes import find_cause
 
 #: Where a system daemon's attach socket is (the systemd unit's RuntimeDirectory).
 SYSTEM_SOCKET = Path("/run/gpud/attach.sock")
@@ -44,6 +46,22 @@ def socket_path(env: Mapping[str, str], node: str) -> Path | None:
         path = Path(given.replace("{node}", node))
         return path / "attach.sock" if path.is_dir() else path
     return SYSTEM_SOCKET if SYSTEM_SOCKET.exists() else None
+
+
+def failed_end(
+    attempt_dir: Path, tail: str, exit: ExitInfo, *, node_rank: int, nproc: int
+) -> EndReport:
+    """A part that failed, as the daemon is told: its cause found in the part's files and
+    output, as gpud finds the cause of a part it started."""
+    cause = find_cause(attempt_dir, tail, exit, node_rank=node_rank, nproc=nproc)
+    rank = f"rank {cause.rank}: " if cause.rank is not None else ""
+    return EndReport(
+        state=RunState.FAILED,
+        reason=f"{rank}{cause.summary} ({cause.kind.label})",
+        exit_code=exit.exit_code,
+        signal=exit.signal,
+        cause=cause,
+    )
 
 
 class AttachLink:

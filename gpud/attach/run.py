@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gpud.attach.client import AttachLink, socket_path
+from gpud.attach.client import AttachLink, failed_end, socket_path
 from gpud.attach.wire import AttachRequest, EndReport, Scheduler
 from gpud.runmodel import ExitInfo, RunState, new_run_id
-from gpud.runs.causes import find_cause
 from trainers.placement import placement_from
 
 TOKEN_ENV = "GPUD_INGEST_TOKEN"
@@ -185,18 +184,10 @@ def end_report(info: PartInfo, code: int, stopping: bool, tail: str) -> EndRepor
         return EndReport(state=RunState.STOPPED, reason=why, exit_code=exit_code, signal=sig)
     if code == 0:
         return EndReport(state=RunState.SUCCEEDED, reason="exit 0", exit_code=0)
-    cause = find_cause(
+    return failed_end(
         info.attempt_dir, tail, ExitInfo(exit_code=exit_code, signal=sig),
         node_rank=info.node_rank, nproc=info.nproc,
     )  # fmt: skip
-    rank = f"rank {cause.rank}: " if cause.rank is not None else ""
-    return EndReport(
-        state=RunState.FAILED,
-        reason=f"{rank}{cause.summary} ({cause.kind.label})",
-        exit_code=exit_code,
-        signal=sig,
-        cause=cause,
-    )
 
 
 def run(

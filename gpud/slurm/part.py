@@ -36,11 +36,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpud.attach.client import AttachLink, socket_path
+from gpud.attach.client import AttachLink, failed_end, socket_path
 from gpud.attach.wire import AttachRequest, EndReport
 from gpud.runmodel import ExitInfo, RunState
 from gpud.runs import shim
-from gpud.runs.causes import find_cause
 from gpud.runs.checkpoints import newest_checkpoint
 from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
 from launch.spec import RunSpec, parse_spec
@@ -143,18 +142,10 @@ def end_report(place: Placement, ended: Mapping[str, Any], stopping: bool) -> En
         log_text = (attempt_dir / "output.log").read_text(errors="replace")[-65536:]
     except OSError:
         log_text = ""
-    cause = find_cause(
+    return failed_end(
         attempt_dir, log_text, ExitInfo(exit_code=code, signal=sig),
         node_rank=place.node_rank, nproc=place.nproc_per_node,
     )  # fmt: skip
-    rank = f"rank {cause.rank}: " if cause.rank is not None else ""
-    return EndReport(
-        state=RunState.FAILED,
-        reason=f"{rank}{cause.summary} ({cause.kind.label})",
-        exit_code=code,
-        signal=sig,
-        cause=cause,
-    )
 
 
 def main(argv: list[str]) -> int:
