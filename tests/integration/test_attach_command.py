@@ -11,11 +11,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,6 +21,7 @@ from gpud.client import Client
 from gpud.protocol import RUN_HEALTH, RUN_STATUS, RunRef, RunStatus
 from gpud.runmodel import HealthSummary
 from tests.support.daemons import RunningDaemon
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
@@ -55,15 +54,6 @@ def status(daemon: RunningDaemon, run_id: str) -> RunStatus | None:
         if not any(r.id == run_id for r in client.runs().runs):
             return None
         return client.call(RUN_STATUS, RunRef(run=run_id))
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"never: {what}")
 
 
 def test_a_hand_typed_torchrun_reports_to_the_daemon_and_a_sigterm_stops_it(

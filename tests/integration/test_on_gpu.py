@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,6 +30,7 @@ from tests.support.runs import (
     wait_for,
     wait_for_step,
 )
+from tests.support.waiting import until
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -86,15 +85,6 @@ def gpu_processes(daemon: RunningDaemon) -> dict[int, list[int]]:
     return {g.index: [p.pid for p in g.processes or []] for g in snap.gpus}
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"never: {what}")
-
-
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         return str(reply.read().decode())
@@ -119,10 +109,14 @@ def test_a_gpu_run_leases_its_gpu_stops_releasing_its_memory_and_resumes(
         gpu = run.gpus[0]
         rank0 = ranks_of(first)[0]
         # NVML (through the daemon) sees the rank's context on its leased GPU.
-        wait_until("the rank on its GPU", lambda: rank0.pid in gpu_processes(daemon).get(gpu, []))
+        until(
+            "the rank on its GPU",
+            lambda: rank0.pid in gpu_processes(daemon).get(gpu, []),
+            timeout=60,
+        )
         assert rank0.environ()["CUDA_VISIBLE_DEVICES"] == str(gpu)
         # /metrics labels that GPU's series with the run and its rank.
-        text = wait_until(
+        text = until(
             "run and rank labels",
             lambda: next((t for t in [scrape(port)] if f'run="{first}"' in t), None),
             timeout=30,
@@ -154,9 +148,10 @@ def test_a_gpu_run_leases_its_gpu_stops_releasing_its_memory_and_resumes(
         nothing_left(first)
         # Its memory is released: NVML lists no process of it, and gpud says so.
         assert all(rank0.pid not in pids for pids in gpu_processes(daemon).values())
-        verified = wait_until(
+        verified = until(
             "the verified event",
             lambda: [e for e in status(daemon, first).events if e.kind == "verified"],
+            timeout=60,
         )
         assert "(NVML)" in verified[-1].message, verified[-1].message
         assert not [e for e in status(daemon, first).events if e.kind == "gpu_memory"]

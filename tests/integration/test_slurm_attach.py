@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,6 +20,7 @@ from gpud.runmodel import HealthSummary
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.slurm import LocalSlurm
 from tests.support.slurm_runs import ps, submit, write_spec
+from tests.support.waiting import until
 from tests.tui.screen import screen_text
 from tui.app import GpuTop
 from tui.model.feed import Feed
@@ -56,15 +56,6 @@ def health(daemon: RunningDaemon, run_id: str) -> HealthSummary:
         reply = client.call(RUN_HEALTH, RunRef(run=run_id))
     assert isinstance(reply, HealthSummary)
     return reply
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"never: {what}")
 
 
 def test_a_slurm_run_reports_to_its_nodes_daemons_and_shows_as_a_gpud_run_does(
