@@ -129,10 +129,10 @@ def runs_cell(runs: tuple[str, ...]) -> Text:
     return text
 
 
-def node_cells(model: FleetModel, node: NodeView, now: float) -> Cells:
+def node_cells(node: NodeView, now: float, runs: tuple[str, ...]) -> Cells:
     online = node.online(now)
     util, mem = gpu_bars(node, online)
-    run_text = runs_cell(active_runs(model, node.key))
+    run_text = runs_cell(runs)
     return [
         Text("●" if online else "○", style="green" if online else "red"),
         Text(node.name, style="bold" if online else "dim"),
@@ -255,7 +255,7 @@ class FleetTable(RowList):
                 cached = self._lines.get(key)
                 if cached is not None and cached[0] == (version, columns):
                     return cached[1]
-                text = line(node_cells(model, node, now), widths)
+                text = line(node_cells(node, now, runs[key]), widths)
             self._lines[key] = ((version, columns), text)
             return text
 
