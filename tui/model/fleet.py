@@ -302,16 +302,14 @@ class FleetModel:
                         found.append(Want("health", run_id))
         return found
 
-    def retry_want(self, want: Want, key: str | None = None) -> None:
-        """A fetch that could not reach its node: hand it out again on a later turn."""
+    def retry_want(self, want: Want, key: str) -> None:
+        """A fetch from node `key` that could not reach it: hand it out again later."""
         with self.lock:
-            if want.kind == "hw" and key is not None:
+            if want.kind == "hw":
                 self.nodes[key].snapshot_asked = False
                 return
             run = self.runs.get(want.run_id)
             if run is None:
-                return
-            if want.kind == "hw":
                 return
             if want.kind == "metrics":
                 run.history = "none"
