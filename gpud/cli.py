@@ -223,6 +223,14 @@ def probe_command(simulate_gpus: int | None, as_json: bool) -> None:
     "socket_file",
     help="The daemon's attach socket [$GPUD_ATTACH, else /run/gpud/attach.sock].",
 )
+@click.option(
+    "--metrics",
+    "patterns",
+    multiple=True,
+    metavar="REGEX",
+    help="A metrics pattern over rank 0's output, as a spec's `metrics:` (RE2; named groups"
+    " are metrics, `step` the step); repeatable.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def attach_command(command: tuple[str, ...], **options: Any) -> None:
     """Run COMMAND (after --) as this node's part of a run gpud did not launch — in a pod,
@@ -230,6 +238,9 @@ def attach_command(command: tuple[str, ...], **options: Any) -> None:
     health and end, in gpuctl and gputop. Exits with COMMAND's status.
 
         gpud attach --run-id ddp-1 -- torchrun --nproc-per-node 8 train.py
+
+    With --metrics, node 0 applies the patterns to the output itself and writes what they
+    find to the run dir's metrics.jsonl, daemon or not.
     """
     from gpud.attach import run as attach_run
 

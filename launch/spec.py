@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpud.endpoints import AddressError, parse_endpoint
+from gpud.patterns.engine import MAX_PATTERN_CHARS, PatternError, compile_pattern
 from gpud.runmodel import DEFAULT_RESTART_ON, CauseKind
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
@@ -241,20 +242,24 @@ class RestartSettings(SpecModel):
 
 
 class MetricPattern(SpecModel):
-    """A regex over log lines; each named group becomes a metric (`step` is the step)."""
+    """A regex over log lines; each named group becomes a metric (`step` is the step).
 
-    pattern: str = Field(description=r"e.g. 'iter (?P<step>\d+): loss (?P<loss>[\d.]+)'")
+    It runs on RE2 (linear time: no backreferences or lookarounds; `gpud.patterns`)."""
+
+    pattern: str = Field(
+        max_length=MAX_PATTERN_CHARS,
+        description=r"e.g. 'iter (?P<step>\d+): loss (?P<loss>[\d.]+)'; RE2 syntax: no"
+        " backreferences, lookarounds or possessive quantifiers",
+    )
 
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
         try:
-            compiled = re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a valid regex: {exc}") from None
-        except (RecursionError, OverflowError, MemoryError):
-            raise ValueError("not a usable regex: it is nested or repeated too deeply") from None
-        if not set(compiled.groupindex) - {"step"}:
+            compiled = compile_pattern(value)
+        except PatternError as exc:
+            raise ValueError(str(exc)) from None
+        if not set(compiled.names) - {"step"}:
             raise ValueError("needs a named group for a metric, e.g. (?P<loss>[0-9.]+)")
         return value
 

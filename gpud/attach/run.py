@@ -32,6 +32,8 @@ from typing import IO, Any
 
 from gpud.attach.client import AttachLink, failed_end, socket_path
 from gpud.attach.wire import AttachRequest, EndReport, Scheduler
+from gpud.patterns.engine import PatternError, compile_pattern
+from gpud.patterns.tail import MetricsTail
 from gpud.runmodel import ExitInfo, RunState, new_run_id
 from trainers.placement import placement_from
 
@@ -62,6 +64,8 @@ class PartInfo:
     scheduler: Scheduler
     pod_uid: str | None
     run_dir: Path
+    #: The spec's `metrics:` patterns (--metrics), applied by node 0's runner.
+    patterns: tuple[str, ...] = ()
 
     @property
     def attempt_dir(self) -> Path:
@@ -81,9 +85,17 @@ def part_info(
     name: str | None = None,
     run_dir: str | None = None,
     nproc: int | None = None,
+    patterns: Sequence[str] = (),
 ) -> PartInfo:
     if not command:
         raise AttachUsageError("no command: gpud attach [OPTIONS] -- COMMAND [ARGS...]")
+    for pattern in patterns:
+        try:
+            names = compile_pattern(pattern).names
+        except PatternError as exc:
+            raise AttachUsageError(f"--metrics {pattern!r}: {exc}") from None
+        if not set(names) - {"step"}:
+            raise AttachUsageError(f"--metrics {pattern!r}: needs a named group for a metric")
     place = placement_from(env)
     script = next((Path(w).stem for w in command if w.endswith(".py")), None)
     name = name or env.get("GPUD_RUN_NAME") or script or Path(command[0]).name or "run"
@@ -106,6 +118,7 @@ def part_info(
         scheduler=scheduler,
         pod_uid=pod_uid if scheduler == "kubernetes" else None,
         run_dir=Path(base).absolute(),
+        patterns=tuple(patterns),
     )
 
 
@@ -121,6 +134,8 @@ def describe(command: Sequence[str], info: PartInfo) -> dict[str, Any]:
     }
     if launcher != "python":
         spec["nproc_per_node"] = info.nproc
+    if info.patterns:
+        spec["metrics"] = [{"pattern": p} for p in info.patterns]
     return spec
 
 
@@ -229,11 +244,20 @@ def run(
         signal.signal(sig, forward)
     tail = bytearray()
     assert child.stdout is not None
-    with open(info.attempt_dir / "output.log", "ab") as log:
+    log_path = info.attempt_dir / "output.log"
+    metrics = (
+        MetricsTail.start(log_path, info.run_dir / "metrics.jsonl", info.run_id, info.attempt,
+                          list(info.patterns))
+        if info.node_rank == 0
+        else None
+    )  # fmt: skip
+    with open(log_path, "ab") as log:
         tee = threading.Thread(target=_tee, args=(child.stdout, log, tail), daemon=True)
         tee.start()
         code = child.wait()
         tee.join(5.0)
+    if metrics is not None:
+        metrics.close()
     if link is not None:
         link.end(end_report(info, code, bool(stopping), tail.decode(errors="replace")))
     return code if code >= 0 else 128 - code
@@ -247,8 +271,11 @@ def main(
     run_dir: str | None,
     nproc: int | None,
     socket_file: str | None,
+    patterns: Sequence[str] = (),
 ) -> int:
     env = os.environ
-    info = part_info(command, env, run_id=run_id, name=name, run_dir=run_dir, nproc=nproc)
+    info = part_info(
+        command, env, run_id=run_id, name=name, run_dir=run_dir, nproc=nproc, patterns=patterns
+    )
     where = Path(socket_file) if socket_file else socket_path(env, info.node)
     return run(command, info, env, where)

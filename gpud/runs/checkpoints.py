@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import glob
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpud.runmodel import RunRecord
@@ -40,14 +42,35 @@ def _mtime(path: str) -> float | None:
         return None
 
 
+#: `resume.pattern` is the user's glob, matched where the daemon runs: a pattern such as
+#: `*/*/*/*` over a large shared filesystem must not hold the daemon for minutes.
+MAX_MATCHES = 10_000
+SEARCH_BUDGET_S = 2.0
+
+
 def newest_checkpoint(
-    pattern: str, checkpoint_dir: str, created_at: float
+    pattern: str,
+    checkpoint_dir: str,
+    created_at: float,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[str | None, str | None]:
     """The newest match of `pattern` (relative to `checkpoint_dir`) written since the run
-    was created, and a note on older matches passed over (another run's, most likely)."""
+    was created, and a note on older matches passed over (another run's, most likely).
+    It looks at MAX_MATCHES matches for SEARCH_BUDGET_S at most, and says so when cut."""
     if not os.path.isabs(pattern):
         pattern = os.path.join(checkpoint_dir, pattern)
-    candidates = [p for p in glob.glob(pattern) if not os.path.basename(p).startswith(".")]
+    deadline = clock() + SEARCH_BUDGET_S
+    candidates: list[str] = []
+    cut = None
+    for path in glob.iglob(pattern):
+        if len(candidates) >= MAX_MATCHES or clock() > deadline:
+            cut = (
+                f"looked at the first {len(candidates)} matches of {pattern} only"
+                " (resume.pattern matches too much: narrow it)"
+            )
+            break
+        if not os.path.basename(path).startswith("."):
+            candidates.append(path)
     dated = [(when, p) for p in candidates if (when := _mtime(p)) is not None]
     ours = [(when, p) for when, p in dated if when >= created_at]
     older = len(dated) - len(ours)
@@ -56,7 +79,8 @@ def newest_checkpoint(
         if older
         else None
     )
-    return (max(ours)[1] if ours else None), passed_over
+    notes = "; ".join(n for n in (passed_over, cut) if n) or None
+    return (max(ours)[1] if ours else None), notes
 
 
 def find_checkpoint(run: RunRecord) -> ResumePoint:

@@ -1,4 +1,6 @@
-"""Reading trainer output: rank prefixes, NCCL trouble, metric regexes, torchrun's verdict.
+"""Reading trainer output: rank prefixes, NCCL trouble, torchrun's verdict.
+
+(The spec's metric patterns run on RE2 with a budget: `gpud.patterns`.)
 
 Pure functions over text, so they are cheap to test against real log lines.
 """
@@ -84,36 +86,6 @@ def classify(text: str) -> LinePattern | None:
         if pattern.pattern.search(text):
             return pattern
     return None
-
-
-class MetricExtractor:
-    """The spec's `metrics` regexes: each named group is a metric, `step` is the step."""
-
-    def __init__(self, patterns: list[str]) -> None:
-        self._patterns = [re.compile(p) for p in patterns]
-
-    def __bool__(self) -> bool:
-        return bool(self._patterns)
-
-    def extract(self, text: str) -> tuple[int | None, dict[str, float]]:
-        step: int | None = None
-        values: dict[str, float] = {}
-        for pattern in self._patterns:
-            match = pattern.search(text)
-            if not match:
-                continue
-            for name, raw in match.groupdict().items():
-                if raw is None:
-                    continue
-                try:
-                    number = float(raw)
-                except ValueError:
-                    continue
-                if name == "step":
-                    step = int(number)
-                else:
-                    values[name] = number
-        return step, values
 
 
 @dataclass(frozen=True)

@@ -117,12 +117,12 @@ class Part:
             return False  # our own child: reaped, so certainly gone
         return procs.is_alive(self.record.shim_pid, self.record.shim_started)
 
-    def read_lines(self) -> list[str]:
-        """Complete lines appended to the log since the last call."""
+    def read_lines(self, limit: int = READ_CHUNK) -> list[str]:
+        """Complete lines appended to the log since the last call (up to `limit` bytes)."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(self.record.log_offset)
-                data = f.read(READ_CHUNK)
+                data = f.read(limit)
         except OSError:
             return []
         if not data:

@@ -23,6 +23,8 @@ from pathlib import Path
 from gpud.auth import Caller, PeerKeys
 from gpud.ingest import Ingest
 from gpud.keys import KeyPair
+from gpud.patterns.extract import MetricExtractor
+from gpud.patterns.follower import Found, PatternThread
 from gpud.protocol import (
     ErrorCode,
     JoinReply,
@@ -66,7 +68,7 @@ from gpud.runs.book import Publish, RunBook, check_coordinator
 from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint
 from gpud.runs.gpus import Gpu
 from gpud.runs.leases import GpuLeases
-from gpud.runs.logparse import MetricExtractor, classify, split_rank
+from gpud.runs.logparse import classify, split_rank
 from gpud.runs.part import Outcome, Part
 from gpud.runs.ports import NoFreePort, pick_port
 from gpud.runs.queries import Queries
@@ -87,6 +89,11 @@ from launch.spec import RunSpec, SpecError, parse_spec, require_absolute_paths
 log = logging.getLogger("gpud.runs")
 
 TICK_S = 0.25
+#: How much of a part's output is read between two yields to the loop, and per tick.
+SLICE_BYTES = 64 * 1024
+READ_PER_TICK = 1 << 20
+#: What a settling part's log may still hold: a leftover writing on must not keep us here.
+READ_AT_SETTLE = 256 << 20
 STOP_RESEND_S = 1.0
 PIDS_EVERY_S = 2.0
 EXPIRE_EVERY_S = 5.0
@@ -126,6 +133,8 @@ class Supervisor:
         self.book = RunBook(node, store, publish, clock)
         self.telemetry = Telemetry(self.book, hardware)
         self.book.on_ended.append(self.telemetry.final)
+        # A thread finishing an ended run's last lines still delivers them.
+        self.book.on_ended.append(self._forget_patterns)
         self.gang = gang.Gang(self.book, self, keys, self.telemetry.set_peer_health)
         self.queries = Queries(self.book, self.gang, self.telemetry)
         self.attached_runs = AttachedRuns(
@@ -133,7 +142,7 @@ class Supervisor:
             config=attach or AttachConfig(control="", ingest=""),
         )  # fmt: skip
         self.leases = GpuLeases(node, store, hardware, self._run_name, clock)
-        self._extractors: dict[str, MetricExtractor] = {}
+        self._patterns: dict[str, PatternThread] = {}
         self._last_stop_sent: dict[str, float] = {}
         self._hangs: dict[str, int] = {}  # run → the attempt already stopped as hung
         self._last_pids: dict[str, float] = {}
@@ -348,7 +357,6 @@ class Supervisor:
         except OSError as exc:
             raise ProtocolError(ErrorCode.INTERNAL, f"cannot start the shim: {exc}") from None
         self.book.add_part(part)
-        self._extractors[run.id] = MetricExtractor([m.pattern for m in spec.metrics])
         resumed = f", resuming from {resume_from}" if resume_from else ""
         on_gpus = f" (GPU {gpus_text(record.gpus)})" if gpus else ""
         self.book.event(
@@ -672,7 +680,7 @@ class Supervisor:
     async def tick(self) -> None:
         now = self.clock()
         for run, part in self.book.parts():
-            self._follow_log(run, part)
+            await self._follow_log(run, part)
             if part.record.state.terminal or part.external:
                 continue  # an attached part ends through the attach socket
             if now - self._last_pids.get(run.id, 0.0) >= PIDS_EVERY_S:
@@ -719,10 +727,70 @@ class Supervisor:
             log.warning("run %s: %s made no progress: a hang", run_id, who)
             self.gang.hang(run, cause)
 
-    def _follow_log(self, run: RunRecord, part: Part) -> None:
-        lines = part.read_lines()
-        if not lines:
+    async def _follow_log(self, run: RunRecord, part: Part, *, to_end: bool = False) -> None:
+        """Read what the part printed since the last tick, a slice at a time, yielding to
+        the loop between slices: a run printing megabytes a second never holds up a
+        control reply for longer than one slice takes. Up to READ_PER_TICK a tick, or
+        what is left (`to_end`, as the part settles; READ_AT_SETTLE at most)."""
+        read = 0
+        while read < (READ_AT_SETTLE if to_end else READ_PER_TICK):
+            before = part.record.log_offset
+            lines = part.read_lines(SLICE_BYTES)
+            moved = part.record.log_offset - before
+            if lines:
+                self._take_lines(self.book.get(run.id) or run, part, lines)
+            if not moved:
+                return
+            read += moved
+            await asyncio.sleep(0)
+            if self.book.part(run.id) is not part:
+                return  # the part was replaced (a new attempt) while we yielded
+
+    def _pattern_thread(self, run: RunRecord) -> PatternThread:
+        """The run's metric patterns (one thread, kept across attempts, so a pattern
+        disabled for the run stays disabled); made on first use, so an adopted or
+        attached run has them too."""
+        thread = self._patterns.get(run.id)
+        if thread is None:
+            extractor = MetricExtractor([m.pattern for m in _spec_of(run).metrics])
+            loop = asyncio.get_running_loop()
+            run_id = run.id
+
+            def deliver(found: Found) -> None:
+                loop.call_soon_threadsafe(self._on_found, run_id, found)
+
+            thread = PatternThread(run.id, extractor, deliver)
+            self._patterns[run.id] = thread
+            refused = extractor.take_disabled()
+            if refused:
+                self._on_found(run.id, Found(disabled=refused))
+        return thread
+
+    def _forget_patterns(self, run: RunRecord) -> None:
+        self._patterns.pop(run.id, None)
+
+    def _on_found(self, run_id: str, found: Found) -> None:
+        """On the loop: what a run's pattern thread found."""
+        run = self.book.get(run_id)
+        if run is None:
             return
+        for disabled in found.disabled:
+            log.warning("run %s: %s", run_id, disabled.line())
+            self.book.event(run, "metrics_pattern", disabled.line(), "warning")
+        if found.dropped:
+            self.book.event(
+                run, "metrics_pattern", f"{found.dropped} output line(s) came faster than the"
+                " metrics patterns could match them and were not examined", "warning",
+            )  # fmt: skip
+        points = [
+            MetricPoint(run_id=run_id, attempt=p.attempt, step=p.step, time=p.time,
+                        values=p.values)
+            for p in found.points
+        ]  # fmt: skip
+        if points:
+            self._record_metrics(run, points)
+
+    def _take_lines(self, run: RunRecord, part: Part, lines: list[str]) -> None:
         record = part.record
         if record.state is RunState.STARTING:
             part.update(state=RunState.RUNNING, state_since=self.clock())
@@ -731,8 +799,7 @@ class Supervisor:
                 run = self.book.move(run.id, RunState.RUNNING, f"attempt {record.attempt}")
         self.store.put_attempt(part.record)
         self.book.publish(run_topic(run.id, "log"), gang.log_event(self.node, run, part, lines))
-        extractor = self._extractors.get(run.id)
-        points = []
+        rank0: list[str] = []
         for line in lines:
             local, text = split_rank(line)
             trouble = classify(text)
@@ -746,20 +813,11 @@ class Supervisor:
                     trouble.severity,
                     rank=rank,
                 )
-            if extractor and run.node_rank == 0 and local in (None, 0):
-                step, values = extractor.extract(text)
-                if step is not None and values:
-                    points.append(
-                        MetricPoint(
-                            run_id=run.id,
-                            attempt=record.attempt,
-                            step=step,
-                            time=self.clock(),
-                            values=values,
-                        )
-                    )
-        if points:
-            self._record_metrics(run, points)
+            if local in (None, 0):
+                rank0.append(text)
+        if run.node_rank == 0 and rank0:
+            # Never on the loop: a user's pattern may be slow (gpud.patterns.follower).
+            self._pattern_thread(run).feed(record.attempt, rank0, self.clock())
 
     def _keep_stopping(self, run: RunRecord, part: Part, now: float) -> None:
         if part.record.library and now - self._last_stop_sent.get(run.id, 0.0) >= STOP_RESEND_S:
@@ -771,7 +829,7 @@ class Supervisor:
             self.book.event(run, "stop", f"{signalled} on {self.node}")
 
     async def _settle(self, run: RunRecord, part: Part, outcome: Outcome) -> None:
-        self._follow_log(run, part)
+        await self._follow_log(run, part, to_end=True)
         now = self.clock()
         outcome = blame_hardware(self.hardware().gpus, part, outcome, now)
         if outcome.state is RunState.FAILED and flight.dumps(part.dir):

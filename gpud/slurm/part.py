@@ -21,7 +21,9 @@ Where a gpud daemon runs on the node (its attach socket: `$GPUD_ATTACH`, else
 /run/gpud/attach.sock), the runner attaches the part to it (`gpud.attach`): the ranks send
 their metrics and heartbeats to it with a token only they know, and the run shows in
 gputop with its health like a run gpud launched. Without one the run works the same, and
-its metrics go to metrics.jsonl only.
+its metrics go to metrics.jsonl only. Either way node 0's runner applies the spec's
+`metrics:` patterns to the output and writes what they find there too (`gpud.patterns.tail`),
+so a plain script's metrics show in `gpuctl metrics` and `ps`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 
 from gpud.attach.client import AttachLink, failed_end, socket_path
 from gpud.attach.wire import AttachRequest, EndReport
+from gpud.patterns.tail import MetricsTail
 from gpud.runmodel import ExitInfo, RunState
 from gpud.runs import shim
 from gpud.runs.checkpoints import newest_checkpoint
@@ -63,6 +66,12 @@ def visible_gpus(env: Mapping[str, str]) -> int:
     """The GPUs Slurm gave this task (CUDA_VISIBLE_DEVICES), 0 on CPU-only nodes."""
     devices = env.get("CUDA_VISIBLE_DEVICES", "").strip()
     return len([d for d in devices.split(",") if d.strip()]) if devices else 0
+
+
+def gpu_indices(env: Mapping[str, str]) -> list[int]:
+    """The indices of the GPUs Slurm gave this task, for `ps` (UUIDs are left out)."""
+    words = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    return [int(w) for w in (w.strip() for w in words) if w.isdigit()]
 
 
 def attempt_of(config: Mapping[str, Any], env: Mapping[str, str]) -> int:
@@ -176,9 +185,10 @@ def main(argv: list[str]) -> int:
     )
     (attempt_dir / "part.json").write_text(
         json.dumps(
-            {"node_rank": place.node_rank, "node": place.node_name, "nproc": place.nproc_per_node}
+            {"node_rank": place.node_rank, "node": place.node_name,
+             "nproc": place.nproc_per_node, "gpus": gpu_indices(os.environ)}
         )
-    )
+    )  # fmt: skip
     print(
         f"[gpud] {place.run_id} attempt {place.attempt}: node {place.node_rank}/{place.nnodes}"
         f" ({place.node_name}), {place.nproc_per_node} process(es), rendezvous"
@@ -191,7 +201,16 @@ def main(argv: list[str]) -> int:
         link.start()
     else:
         print(f"[gpud] {why}; metrics go to metrics.jsonl only", flush=True)
+    # The spec's patterns over rank 0's output, daemon or not (a plain script's metrics).
+    metrics = (
+        MetricsTail.start(attempt_dir / "output.log", Path(place.run_dir) / "metrics.jsonl",
+                          place.run_id, place.attempt, [m.pattern for m in spec.metrics])
+        if place.node_rank == 0
+        else None
+    )  # fmt: skip
     shim.run(spec_path)
+    if metrics is not None:
+        metrics.close()
     ended = json.loads((attempt_dir / "exit.json").read_text())
     if link is not None:
         link.end(end_report(place, ended, bool(stopping)))

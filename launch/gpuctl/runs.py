@@ -90,6 +90,9 @@ def ps_command(ctl: Ctl, active: bool) -> None:
     merged: dict[str, RunSummary] = {r.id: r for r in on_slurm}
     slurm_ids = set(merged)
     gpus: dict[str, dict[int, list[int]]] = {}  # run → node rank → GPUs held there
+    for r in on_slurm:
+        if r.gpus:
+            gpus[r.id] = {0: r.gpus}  # node 0's, as Slurm gave them
     for result in results:
         if isinstance(result.value, RunList):
             for run in result.value.runs:
@@ -255,7 +258,7 @@ def stop_command(ctl: Ctl, run: str, force: bool, no_wait: bool) -> None:
     if found.status.run.state.terminal:
         _finish(ctl, found, f"{found.id} already {found.status.run.state.value}")
         return
-    errors = _ask_nodes(ctl, found, StopRequest(run=found.id, force=force))
+    errors = ask_to_stop(ctl, found, StopRequest(run=found.id, force=force))
     if errors and len(errors) == len(found.nodes):
         fail(str(errors[0]), exit_code_for(errors[0]))
     if no_wait:
@@ -267,7 +270,7 @@ def stop_command(ctl: Ctl, run: str, force: bool, no_wait: bool) -> None:
     sys.exit(EXIT_OK if state is RunState.STOPPED else EXIT_FAILED)
 
 
-def _ask_nodes(ctl: Ctl, found: FoundRun, request: StopRequest) -> list[ClientError]:
+def ask_to_stop(ctl: Ctl, found: FoundRun, request: StopRequest) -> list[ClientError]:
     """Node 0 stops the gang; if it cannot be reached, ask every node for its part."""
     try:
         with Client(found.coordinator, timeout_s=ctl.timeout) as client:

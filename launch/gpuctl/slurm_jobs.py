@@ -316,10 +316,23 @@ class SlurmRun:
         why = f"{cause.kind.value}: {cause.summary}" if cause else f"exit code {code}"
         return SlurmStatus(RunState.FAILED, f"{why}; Slurm job {job}", attempt, cause)
 
+    def part_info(self) -> dict[str, Any]:
+        """Node 0's part.json of the latest attempt (processes, GPUs), once it started."""
+        attempt_dir = self._attempt_dir(None)
+        if attempt_dir is None:
+            return {}
+        try:
+            info = json.loads((attempt_dir / "node-0" / "part.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
+
     def summary(self) -> RunSummary:
         status = self.state()
         last_step, values = self.latest_metrics()
         spec = self.config["spec"]
+        part = self.part_info()
+        nproc = spec.get("nproc_per_node")
         where = f"slurm:{self.job}"
         return RunSummary(
             id=self.id,
@@ -339,6 +352,8 @@ class SlurmRun:
             last_step=last_step,
             max_steps=(spec.get("training") or {}).get("max_steps"),
             last_values=values,
+            nproc=part.get("nproc") or (nproc if isinstance(nproc, int) else None),
+            gpus=[g for g in part.get("gpus") or [] if isinstance(g, int)],
         )
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from gpud.patterns.extract import MetricExtractor
 from gpud.protocol import LogsRequest
 from gpud.runmodel import AttemptRecord, RunRecord, RunState
 from gpud.runs.decide import gang_state
-from gpud.runs.logparse import MetricExtractor, classify, root_cause, split_rank
+from gpud.runs.logparse import classify, root_cause, split_rank
 from gpud.runs.logread import read_chunk
 from gpud.runs.ports import NoFreePort, pick_port
 from tests.support.logs import TORCHRUN_FAILURE

@@ -1,0 +1,54 @@
+"""`resume.pattern` is a user's glob matched by the daemon: the newest of this run's matches,
+and a bound on how much of a filesystem one pattern may make it look at."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+
+from gpud.runs import checkpoints
+from gpud.runs.checkpoints import newest_checkpoint
+
+
+def _touch(path: Path, mtime: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    os.utime(path, (mtime, mtime))
+
+
+def test_the_newest_match_written_since_the_run_was_created(tmp_path: Path) -> None:
+    _touch(tmp_path / "step_1.pt", 1000)  # another run's, before this one was created
+    _touch(tmp_path / "step_2.pt", 2000)
+    _touch(tmp_path / "step_3.pt", 3000)
+    _touch(tmp_path / ".step_4.pt.tmp", 4000)  # a save in progress
+    path, note = newest_checkpoint("*.pt*", str(tmp_path), created_at=1500)
+    assert path == str(tmp_path / "step_3.pt")
+    assert note is not None and note.startswith("passed over 1 older match(es)")
+
+
+def test_a_pattern_that_matches_too_much_is_cut_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(30):
+        _touch(tmp_path / f"d{i}" / "ckpt.pt", 2000 + i)
+    monkeypatch.setattr(checkpoints, "MAX_MATCHES", 10)
+    path, note = newest_checkpoint("*/*", str(tmp_path), created_at=0)
+    assert path is not None
+    assert note == (
+        f"looked at the first 10 matches of {tmp_path}/*/* only"
+        " (resume.pattern matches too much: narrow it)"
+    )
+
+
+def test_a_slow_search_stops_at_its_time_budget(tmp_path: Path) -> None:
+    for i in range(5):
+        _touch(tmp_path / f"step_{i}.pt", 2000 + i)
+    ticks = itertools.count()
+    path, note = newest_checkpoint(
+        "*.pt", str(tmp_path), created_at=0, clock=lambda: float(next(ticks))
+    )  # every look at the clock is a second later: the 2 s budget ends the search early
+    assert note is not None and "looked at the first 2 matches" in note
+    assert path is not None
