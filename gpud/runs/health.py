@@ -20,6 +20,9 @@ GPU trouble), so it is tested on hand-made inputs and computed the same on every
   when every rank waits, nobody in the job is computing: a hang in the network or NCCL,
   or a rank that died. The countdown is to the collective timeout that will end the
   wait: the timeout minus the longest that a rank still heard from has waited.
+- **The verdict holds still** (`gpud.runs.stragglers`): `assess` names a straggler only
+  when its caller's `StragglerWatch` has seen the same rank as the candidate in most of
+  the last seconds, and never in the seconds after a stall.
 - **An ended run** has a final verdict and nothing live: `failed` when it failed, `ok`
   when it succeeded, `idle` otherwise (stopped, or not running yet); never a stall, a
   countdown or a straggler.
@@ -39,6 +42,7 @@ from gpud.runmodel import (
     Straggler,
     Verdict,
 )
+from gpud.runs.stragglers import StragglerWatch
 
 HEARTBEAT_INTERVAL_S = 0.5
 STRAGGLER_RATIO = 1.3
@@ -206,11 +210,14 @@ def assess(
     nccl_warnings: int,
     last_nccl_warning: str | None,
     gpu_trouble: list[GpuTrouble],
+    watch: StragglerWatch | None = None,
 ) -> HealthSummary:
     """The health summary of one run right now.
 
     Only a running run is judged live; any other state gets its final (or not yet
     started) verdict, without a stall or a straggler, whatever its ranks last said.
+    With a `watch` (the daemon keeps one per attempt), a straggler is named only once it
+    persists (`StragglerWatch.judge`); without one, this instant's slowest rank is.
     """
     straggler = stall = None
     reasons: list[str] = []
@@ -220,7 +227,13 @@ def assess(
         reasons.append(why)
     else:
         stall = find_stall(ranks, backend, timeout_s)
-        straggler = None if stall else find_straggler(ranks)
+        if stall is not None:
+            if watch is not None:
+                watch.stalled(now)
+        elif watch is not None:
+            straggler = watch.judge(now, find_straggler(ranks))
+        else:
+            straggler = find_straggler(ranks)
         silent = [
             r.rank
             for r in ranks
@@ -230,9 +243,13 @@ def assess(
         if stall is not None:
             reasons.append(stall.why)
         if straggler is not None:
+            held = ""
+            if watch is not None:
+                named, kept = watch.score
+                held = f" (the slowest in {named} of the last {kept} s)"
             reasons.append(
                 f"rank {straggler.rank} is a straggler: {straggler.ratio}× the median "
-                f"compute time per step"
+                f"compute time per step{held}"
             )
         if silent and any(r.heartbeat_age_s is not None for r in ranks):
             reasons.append(f"no heartbeat from rank(s) {_ranks_text(silent)}")

@@ -34,6 +34,7 @@ from gpud.runmodel import (
 )
 from gpud.runs.health import assess, baseline_for
 from gpud.runs.logparse import TROUBLE
+from gpud.runs.stragglers import StragglerWatch
 from gpud.snapshot import NodeSnapshot
 from launch.backends import resolve_backend
 from launch.spec import parse_spec
@@ -78,6 +79,7 @@ class _RunTelemetry:
     next_health: float = 0.0
     next_dumps: float = 0.0
     world_size: int | None = None
+    stragglers: StragglerWatch = field(default_factory=StragglerWatch)
 
 
 class Telemetry:
@@ -301,6 +303,7 @@ class Telemetry:
             nccl_warnings=warnings,
             last_nccl_warning=last,
             gpu_trouble=[t for p in parts for t in p.gpu_trouble],
+            watch=state.stragglers,
         ).model_copy(update={"flight_recorder": _findings(run, local.attempt)})
 
     def _backfill(self, run: RunRecord, state: _RunTelemetry) -> None:

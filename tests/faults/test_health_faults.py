@@ -135,3 +135,47 @@ def test_a_rank_resumed_after_a_pause_is_not_a_straggler(daemon: RunningDaemon) 
     # Training went on all along: these were reads of a live run, not of a stuck one.
     steps = [h.ranks[1].last_step or 0 for h in reads]
     assert steps[-1] > steps[0] + 5, steps
+
+
+def test_no_straggler_in_the_30_s_after_a_rank_of_a_two_node_run_continues(
+    daemons: Callable[..., RunningDaemon],
+) -> None:
+    """Issue 24 §5: rank 1 of a 2-node gloo run SIGSTOPped for 18 s, then SIGCONTed. The
+    stall is reported; then, for 30 s, neither the rank that was frozen nor the peer that
+    only waited is named a straggler for the catch-up, and the verdict does not flap."""
+    node0 = daemons(node="n0", simulate_gpus=None)
+    node1 = daemons(node="n1", simulate_gpus=None)
+    nodes = (node0.address, node1.address)
+    run_id = launch(
+        node0, FAST, "training.max_steps=100000", f"nccl.timeout_s={TIMEOUT_S}",
+        "nproc_per_node=1", nodes=nodes,
+    )  # fmt: skip
+    try:
+        wait_for_step(node0, run_id, 10)
+        until(node0, run_id, lambda h: h.verdict == "ok" and len(h.ranks) == 2, 30, "healthy")
+        victim = ranks_of(run_id)[1]
+        victim.suspend()
+        try:
+            until(node0, run_id, lambda h: h.stall is not None and h.stall.rank == 1, 10, "stall")
+            time.sleep(16.0)
+        finally:
+            victim.resume()
+        reads: list[HealthSummary] = []
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            reads.append(read_health(node0, run_id))
+            time.sleep(0.5)
+    finally:
+        stopped = gpuctl("--node", node0.address, "stop", run_id, "--force", timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    verdicts = [h.verdict for h in reads]
+    named = [(h.straggler.rank, h.straggler.ratio) for h in reads if h.straggler]
+    print("verdicts after SIGCONT:", verdicts, "stragglers:", named)
+    assert named == [], named
+    # stalled for as long as the stall takes to clear, then ok for good: no flapping
+    settled = verdicts.index("ok")
+    assert set(verdicts[:settled]) <= {"stalled"}, verdicts
+    assert set(verdicts[settled:]) == {"ok"}, verdicts
+    steps = [h.ranks[1].last_step or 0 for h in reads]
+    assert steps[-1] > steps[0] + 20, steps  # it trained all along
+    nothing_left(run_id)
