@@ -493,7 +493,9 @@ class Gang:
         attempt, fresh = self._next_attempt(run)
         if resume_from is not None:  # kept on the record: it may wait in the queue
             run = self.book.update(run.id, resume_next=resume_from)
-        point = _resume_point(run, spec, fresh)
+        # In a thread: resume.pattern is the user's glob, and a wide one over a big shared
+        # filesystem takes its whole budget (checkpoints.SEARCH_BUDGET_S) to search.
+        point = await asyncio.to_thread(_resume_point, run, spec, fresh)
         queued = run.state is RunState.QUEUED
         key = run.queue_key if queued else (self.book.clock(), run.id)
         refusal = await self._reserve(run, spec, attempt, key, queue)
