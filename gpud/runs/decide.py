@@ -13,7 +13,9 @@ time, and returns one `GangDecision`: the run's state and reason, the parts to m
   failed parts found, or "node N lost" — or waits in `pending` for an automatic restart.
 - A restart needs restarts left, a cause whose kind is in `restart.on`, and a failure that
   is not the same error at the same step as the attempt before.
-- A **user stop** ends the run `stopped` once every part is over, lost ones included.
+- A **user stop** ends the run `stopped` once every part is over, lost ones included —
+  unless the run was already failing (a failure propagated before the stop): then it ends
+  `failed` with that failure, as it would have without the stop.
 """
 
 from __future__ import annotations
@@ -152,6 +154,14 @@ def _unexplained(
     )
 
 
+def _with_findings(failure: FailureCause, parts: dict[int, PartView]) -> FailureCause:
+    """The cause with every part's flight-recorder findings."""
+    found = [f for p in parts.values() for f in p.flight_recorder]
+    if not found:
+        return failure
+    return failure.model_copy(update={"flight_recorder": list(dict.fromkeys(found))})
+
+
 def decide(
     run: RunRecord,
     parts: dict[int, PartView],
@@ -178,6 +188,12 @@ def decide(
     new = gang_state(list(states.values()), run.stop_requested)
 
     if run.stop_requested:
+        if new is RunState.STOPPED and cause is not None and run.state is not RunState.PENDING:
+            # It was failing before the stop came (the failure was propagated): it failed,
+            # and the stop only hurried its end. No restart: a person asked it to stop.
+            failing = _with_findings(cause, parts)
+            note = "; a stop was asked while the other parts were stopping"
+            return GangDecision(RunState.FAILED, failing.one_line() + note, lost, cause=failing)
         if new is RunState.STOPPED:
             reason = run.reason if run.state is RunState.STOPPING else "stopped"
             if lost_note:
@@ -197,9 +213,7 @@ def decide(
         if failure is None:
             failed = min(r for r, s in states.items() if s is RunState.FAILED)
             failure = _unexplained(run, parts, failed, step)
-        found = [f for p in parts.values() for f in p.flight_recorder]
-        if found:
-            failure = failure.model_copy(update={"flight_recorder": list(dict.fromkeys(found))})
+        failure = _with_findings(failure, parts)
         reason = failure.one_line()
         propagate = None if cause is not None or (len(parts) == 1 and not gone) else reason
         if not everyone_done:

@@ -62,6 +62,7 @@ from gpud.runs.book import RunBook
 from gpud.runs.checkpoints import ResumePoint, find_checkpoint
 from gpud.runs.decide import GangDecision, RestartPolicy, decide
 from gpud.runs.gpus import Gpu
+from gpud.runs.peer_stops import RETRY_S, PeerStops
 from gpud.runs.peers import PeerLink
 from gpud.runs.ports import NoFreePort, pick_port
 from launch.spec import RunSpec, parse_spec
@@ -157,6 +158,7 @@ class Gang:
         self._orphan_poll = 0.0
         self._errands: set[asyncio.Task[list[int]]] = set()
         self._queue_tried: dict[str, float] = {}  # queued run → when last tried
+        self._stops = PeerStops()  # what node 0 asked of the other nodes, until it is done
 
     def close(self) -> None:
         for link in self._links.values():
@@ -191,6 +193,18 @@ class Gang:
         task = asyncio.get_running_loop().create_task(work)
         self._busy[run_id] = task
         task.add_done_callback(lambda t: _report(run_id, t))
+
+    def _errand(self, work: Coroutine[Any, Any, list[int]]) -> None:
+        """Run `work` beside the tick (a silent node must never hold the tick up)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._errands.add(task)
+        task.add_done_callback(self._errands.discard)
+
+    def stop_peers_soon(self, run: RunRecord, reason: str) -> None:
+        """A user's stop for the other parts, asked beside the reply: a node that does not
+        answer is asked again until its part has stopped or it is lost."""
+        if len(run.nodes) > 1:
+            self._errand(self.stop_peers(run, force=False, reason=reason))
 
     def _idle(self, run_id: str) -> bool:
         task = self._busy.get(run_id)
@@ -274,6 +288,7 @@ class Gang:
             if run.attached is not None:
                 continue  # its scheduler decides its fate: node 0 only reads the others
             await self._carry_out(run, view, now)
+            self._ask_again(run, view, now)
         if self._orphans and now - self._orphan_poll >= ORPHAN_POLL_S:
             self._orphan_poll = now
             await self._stop_orphans(now)
@@ -352,11 +367,7 @@ class Gang:
             run, force=False, reason=reason, grace_s=HANG_DUMP_WAIT_S, failed=reason, dump=True
         )
         if len(run.nodes) > 1:
-            task = asyncio.get_running_loop().create_task(
-                self.stop_peers(run, force=False, reason=reason, failed=True, dump=True)
-            )
-            self._errands.add(task)
-            task.add_done_callback(self._errands.discard)
+            self._errand(self.stop_peers(run, force=False, reason=reason, failed=True, dump=True))
 
     def _propagate(self, run: RunRecord, reason: str) -> None:
         """One part failed or was lost: stop every other part, as failed, at once.
@@ -372,33 +383,68 @@ class Gang:
             # handshake, straight to SIGTERM.
             self.local.stop_part(run, force=False, reason=reason, grace_s=0.0, failed=reason)
         if len(run.nodes) > 1:
-            task = asyncio.get_running_loop().create_task(
-                self.stop_peers(run, force=False, reason=reason, failed=True)
-            )
-            self._errands.add(task)
-            task.add_done_callback(self._errands.discard)
+            self._errand(self.stop_peers(run, force=False, reason=reason, failed=True))
 
     # ------------------------------------------------------------------ stopping
 
     async def stop_peers(
         self, run: RunRecord, force: bool, reason: str, failed: bool = False, dump: bool = False
     ) -> list[int]:
-        """Ask the other nodes to stop their parts; returns the ranks that did not answer."""
+        """Ask the other nodes to stop their parts; returns the ranks that did not answer.
+        Those, and any part not yet over, are asked again until it is (`PeerStops`)."""
         if len(run.nodes) < 2:
             return []
-        request = PartStopRequest(
-            run_id=run.id, force=force, reason=reason[:500], failed=failed, dump=dump
+        request = self._stops.want(
+            run,
+            PartStopRequest(
+                run_id=run.id, force=force, reason=reason[:500], failed=failed, dump=dump
+            ),
         )
-        replies = await self._call(run, self._others(run), PART_STOP, _each(request))
+        others = self._others(run)
+        now = self.book.clock()
+        for rank in others:
+            self._stops.sending(run.id, rank, now)
+        replies = await self._call(run, others, PART_STOP, _each(request))
         silent = []
         for rank, reply in replies.items():
+            self._stops.answered(run.id, rank, not isinstance(reply, Unreachable))
             if isinstance(reply, ClientError):
                 self.book.event(
-                    run, "stop", f"could not reach node {rank} to stop its part: {reply}", "warning"
+                    run,
+                    "stop",
+                    f"could not reach node {rank} to stop its part: {reply}; asking again"
+                    f" every {RETRY_S:g}s until it has stopped or is lost",
+                    "warning",
                 )
             if isinstance(reply, Unreachable):
                 silent.append(rank)
         return silent
+
+    def _ask_again(self, run: RunRecord, view: GangView, now: float) -> None:
+        """Ask again each part node 0 wanted stopped that its polls do not show over."""
+        due = self._stops.due(run, view.parts, now)
+        if due is None:
+            return
+        request, ranks = due
+        for rank in ranks:
+            self._stops.sending(run.id, rank, now)
+        self._errand(self._stop_again(run, ranks, request))
+
+    async def _stop_again(
+        self, run: RunRecord, ranks: list[int], request: PartStopRequest
+    ) -> list[int]:
+        replies = await self._call(run, ranks, PART_STOP, _each(request))
+        for rank, reply in replies.items():
+            if self._stops.answered(run.id, rank, not isinstance(reply, Unreachable)):
+                state = reply.state.value if isinstance(reply, AttemptRecord) else "?"
+                self.book.event(
+                    run,
+                    "stop",
+                    f"node {rank} answers again (its part was {state}); asked it to stop its"
+                    " part",
+                    "warning",
+                )
+        return []
 
     def lose(self, run: RunRecord, ranks: list[int], why: str) -> None:
         """Mark parts lost now (a forced stop does not wait for silent nodes)."""
@@ -540,6 +586,7 @@ class Gang:
         )
         self.views[run.id] = GangView(run.nodes, since=self.book.clock())
         self._orphans.pop(run.id, None)
+        self._stops.forget(run.id)
         self.book.event(run, "attempt", f"attempt {attempt}: {why}, {point.describe()}")
         self.local.start_part(run, spec, attempt, master_addr, port, point)
         run = self.book.move(

@@ -9,13 +9,18 @@ supervisor runs them in a thread.
 from __future__ import annotations
 
 import threading
+import time
 
-from gpud.client import Client, ClientError, NodeTarget
+from gpud.client import Client, ClientError, NodeTarget, Unreachable
 from gpud.keys import KeyPair
 from gpud.protocol import Method, ReplyT, RequestT
 from gpud.runmodel import NodeRef
 
 PEER_TIMEOUT_S = 3.0
+#: After a call the peer did not answer, calls fail at once for this long: a frozen peer
+#: must not make every poll, stop and restart queue up behind one another for 3 s each
+#: (they hold threads of the loop's default executor while they wait).
+DOWN_S = 1.0
 
 
 class PeerLink:
@@ -24,10 +29,18 @@ class PeerLink:
         self._keys = keys
         self._lock = threading.Lock()
         self._client: Client | None = None
+        self._down_until = 0.0
 
     def call(self, method: Method[RequestT, ReplyT], body: RequestT) -> ReplyT:
-        """One request; raises ClientError. Thread-safe (one call at a time per peer)."""
-        with self._lock:
+        """One request; raises ClientError. Thread-safe (one call at a time per peer): a
+        call waits at most PEER_TIMEOUT_S for the one before it, and one made within DOWN_S
+        of an unanswered call fails at once, as `Unreachable`."""
+        label = self.ref.name or self.ref.control
+        if time.monotonic() < self._down_until:
+            raise Unreachable(f"{label} did not answer {DOWN_S:g}s ago; not asked again yet")
+        if not self._lock.acquire(timeout=PEER_TIMEOUT_S):
+            raise Unreachable(f"{label} is still busy with a call it has not answered")
+        try:
             if self._client is None:
                 target = NodeTarget(
                     control=self.ref.control,
@@ -37,11 +50,15 @@ class PeerLink:
                 self._client = Client(target, keys=self._keys, timeout_s=PEER_TIMEOUT_S)
             try:
                 return self._client.call(method, body)
-            except ClientError:
+            except ClientError as exc:
                 # A fresh connection next time: the peer may have restarted.
                 self._client.close()
                 self._client = None
+                if isinstance(exc, Unreachable):
+                    self._down_until = time.monotonic() + DOWN_S
                 raise
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         with self._lock:

@@ -591,11 +591,13 @@ class Supervisor:
             run = self.book.move(run.id, RunState.STOPPED, f"{reason} (restart cancelled)")
             return self.book.summary(run)
         self.stop_part(run, force=req.force, reason=reason)
-        if run.is_coordinator:
+        if run.is_coordinator and req.force:
             silent = await self.gang.stop_peers(run, req.force, reason)
-            if silent and req.force:
+            if silent:
                 # A forced stop does not wait for nodes that do not answer.
                 self.gang.lose(run, silent, "did not answer the forced stop")
+        elif run.is_coordinator:
+            self.gang.stop_peers_soon(run, reason)
         return self.book.summary(self.book.get(run.id) or run)
 
     async def resume(self, req: ResumeRequest, caller: Caller) -> RunSummary:

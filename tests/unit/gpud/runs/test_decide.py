@@ -210,3 +210,19 @@ def test_gang_state_folds_lost_parts_like_failures(
     states: list[RunState | None], stop: bool, expected: RunState
 ) -> None:
     assert gang_state(states, user_stop=stop) is expected
+
+
+def test_a_stop_asked_while_a_failure_was_stopping_the_parts_ends_failed_with_it() -> None:
+    """Issue 26 §1: it read `stopped` with the SIGKILL failure as its reason."""
+    killed = FailureCause(kind=CauseKind.SIGNAL, summary="killed by SIGKILL", node_rank=0)
+    stopping = run(RunState.STOPPING, stop_requested=True, reason="…; stopping the other parts")
+    views = parts(RunState.FAILED, RunState.FAILED)
+    decision = at(5.0, stopping, views, cause=killed)
+    assert decision.state is RunState.FAILED and decision.cause == killed
+    assert decision.reason is not None and decision.reason.startswith(killed.one_line())
+    assert "stop was asked" in decision.reason and decision.restart_at is None
+    # Without a failure before it, the same stop ends the run stopped.
+    assert at(5.0, stopping, parts(RunState.STOPPED, RunState.STOPPED)).state is RunState.STOPPED
+    # A stop of a run waiting for its restart cancels the restart: stopped.
+    pending = run(RunState.PENDING, stop_requested=True)
+    assert at(5.0, pending, views, cause=killed).state is RunState.STOPPED

@@ -1,0 +1,88 @@
+"""A stop that misses a node is asked again until the part has ended (issue 26 §1).
+
+Two daemons on one host, a 2-node × 2-rank torchrun run of a script with no collectives
+after `init_process_group` (so nothing makes the peers die by themselves, as NCCL ranks
+waiting out a long timeout would not), `lost_after_s: 60`. Node 1's daemon is frozen
+(SIGSTOP) and a rank on node 0 is killed: node 0 fails its part and asks node 1 to stop
+its part, which times out. Node 1's daemon is woken 16 s later, well inside the lost
+timeout: node 0 asks again, node 1 stops its ranks, and the run ends `failed` with the
+SIGKILL as its cause, nothing left. With a manual stop during the freeze, the run ends
+the same way: `failed`, and its reason says why (it read `stopped` with the SIGKILL
+failure as its reason).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gpud.runmodel import CauseKind, RunState
+from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.runs import launch, nothing_left, ranks_of, script_spec, status, wait_for
+from tests.support.waiting import until
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+SLEEPER = """
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()} joined", flush=True)
+while True:
+    time.sleep(0.5)
+"""
+FROZEN_S = 16.0
+
+
+@pytest.mark.parametrize("manual_stop", [False, True], ids=["by-itself", "manual-stop"])
+def test_a_part_whose_daemon_missed_the_stop_is_stopped_once_it_answers(
+    daemons: Callable[..., RunningDaemon], tmp_path: Path, manual_stop: bool
+) -> None:
+    node0 = daemons(node="n0", simulate_gpus=None)
+    node1 = daemons(node="n1", simulate_gpus=None)
+    spec = script_spec(tmp_path, SLEEPER, name="sleeper", launcher="torchrun", nproc=2)
+    run_id = launch(
+        node0, "lost_after_s=60", "restart.max_attempts=0", config=spec,
+        nodes=(node0.address, node1.address),
+    )  # fmt: skip
+    until("4 ranks joined", lambda: len(ranks_of(run_id)) == 4, timeout=90)
+    node1_ranks = [p for r, p in ranks_of(run_id).items() if r >= 2]
+
+    node1.proc.send_signal(signal.SIGSTOP)
+    try:
+        ranks_of(run_id)[1].send_signal(signal.SIGKILL)
+        until(
+            "node 0 tried to stop node 1's part and could not",
+            lambda: any(
+                "could not reach node 1" in e.message for e in status(node0, run_id).events
+            ),
+            timeout=30,
+        )
+        if manual_stop:
+            stopped = gpuctl("--node", node0.address, "stop", run_id, "--no-wait")
+            assert stopped.returncode == 0, stopped.stderr
+        time.sleep(FROZEN_S - 4)
+        assert all(p.is_running() for p in node1_ranks)  # nothing made them end
+        assert status(node0, run_id).run.state is RunState.STOPPING
+    finally:
+        node1.proc.send_signal(signal.SIGCONT)
+    woke = time.monotonic()
+
+    ended = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=30)
+    took = time.monotonic() - woke
+    print(f"run {ended.run.state.value} {took:.1f}s after node 1's daemon answered again")
+    run = ended.run
+    assert run.state is RunState.FAILED, run.reason
+    assert run.cause is not None and run.cause.kind is CauseKind.SIGNAL, run.cause
+    assert "SIGKILL" in (run.reason or "") and run.cause.node_rank == 0, run.reason
+    if manual_stop:
+        assert "a stop was asked while the other parts were stopping" in (run.reason or "")
+    assert [p.state for p in ended.parts] == [RunState.FAILED, RunState.FAILED], ended.parts
+    assert status(node1, run_id).run.state is RunState.FAILED
+    assert any("answers again" in e.message for e in status(node0, run_id).events)
+    assert took < 15.0, took
+    nothing_left(run_id)
