@@ -440,8 +440,7 @@ class Gang:
                 self.book.event(
                     run,
                     "stop",
-                    f"node {rank} answers again (its part was {state}); asked it to stop its"
-                    " part",
+                    f"node {rank} answers again (its part was {state}); asked it to stop its part",
                     "warning",
                 )
         return []
