@@ -132,6 +132,11 @@ DEFAULT_RESTART_ON = (
 )
 
 
+#: What a part or rank whose script ended early did (node 0 puts the step in).
+EARLY_EXIT = "exited 0 while the others were training (the script ended early on one rank)"
+#: `FailureCause.source` of such a part's cause, as its node found it.
+EARLY_EXIT_SOURCE = "exit barrier"
+
 #: Kinds that are often an echo: a rank whose peer died sees a connection error.
 ECHO_KINDS = frozenset({CauseKind.NETWORK, CauseKind.NCCL})
 
@@ -182,8 +187,13 @@ class FailureCause(Reading):
         return f"{head + ': ' if head else ''}{self.summary} ({', '.join(when)})"
 
     def same_failure(self, other: FailureCause) -> bool:
-        """The same error at the same step: another attempt would fail the same way."""
-        return (self.kind, self.summary, self.step) == (other.kind, other.summary, other.step)
+        """The same error, on the same rank, at the same step: another attempt would fail
+        the same way. A connection error's wording is not compared (gloo's text differs
+        between attempts for the same failure: `Read error`, then `Connection closed`)."""
+        where = (self.kind, self.rank, self.node_rank, self.step)
+        if where != (other.kind, other.rank, other.node_rank, other.step):
+            return False
+        return self.kind in ECHO_KINDS or self.summary == other.summary
 
 
 class NodeRef(Reading):

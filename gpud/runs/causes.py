@@ -44,6 +44,11 @@ COLLECTIVE_TIMEOUT = re.compile(
     r"collective operation timeout|Watchdog caught collective operation", re.I
 )
 
+#: torchrun's agent, once every local rank has exited 0, waits at its exit barrier for the
+#: other nodes' agents: what it logs there when the wait ends (the store went away, or
+#: the SIGTERM gpud sends), or at INFO level before.
+EXIT_BARRIER_MARKS = ("in _exit_barrier", "Waiting 300 seconds for other agents to finish")
+
 #: The one table: a line (or an exception message) matching a pattern has that kind. The
 #: first match wins, so the specific come before the general.
 PATTERNS: tuple[FailurePattern, ...] = (

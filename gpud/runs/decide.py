@@ -26,11 +26,15 @@ from dataclasses import dataclass, field
 from gpud.protocol import PartView
 from gpud.runmodel import (
     DEFAULT_RESTART_ON,
+    EARLY_EXIT,
+    EARLY_EXIT_SOURCE,
+    ECHO_KINDS,
     CauseKind,
     FailureCause,
     RunRecord,
     RunState,
     cause_precedence,
+    completed_steps,
 )
 
 
@@ -129,6 +133,10 @@ def failure_of(
     if not found:
         return None
     cause, rank = min(found, key=lambda c: (*cause_precedence(c[0]), c[1]))
+    early = early_exit(run, parts, states, cause, step)
+    if early is not None and early.source != EARLY_EXIT_SOURCE:
+        return early  # a part that ended with exit 0: it says where itself
+    cause = early or cause
     return cause.model_copy(
         update={
             "node_rank": rank,
@@ -137,6 +145,47 @@ def failure_of(
             # The failing rank's own last step where it said; else the run's latest.
             "step": cause.step if cause.step is not None else step,
         }
+    )
+
+
+def early_exit(
+    run: RunRecord,
+    parts: dict[int, PartView],
+    states: dict[int, RunState | None],
+    best: FailureCause,
+    step: int | None,
+) -> FailureCause | None:
+    """A part whose ranks exited 0 while the others trained: its script ended early, and
+    the others' connection errors are the echo (issue 26 §3). Its node says so (torchrun
+    waited at its exit barrier: `Part.early_exit`), or, where nothing waits (one process
+    per node), its part simply ended with exit 0 while another failed with nothing but
+    connection errors. Not when the run had done its steps (a failure at teardown)."""
+    max_steps = (run.spec.get("training") or {}).get("max_steps")
+    if isinstance(max_steps, int) and step is not None and step + 1 >= max_steps:
+        return None
+    at = f" at step {completed_steps(step)}" if step is not None else ""
+    if best.source == EARLY_EXIT_SOURCE:
+        return best.model_copy(
+            update={"summary": best.summary.replace(" exited 0", f" exited 0{at}", 1)}
+        )
+    if best.kind not in ECHO_KINDS:
+        return None
+    done = sorted(r for r, s in states.items() if s is RunState.SUCCEEDED)
+    if not done:
+        return None
+    rank = done[0]
+    one = run.spec.get("nproc_per_node") == 1 or run.spec.get("launcher") == "python"
+    who = f"rank {rank}" if one else f"node {rank}'s ranks"
+    return FailureCause(
+        kind=CauseKind.USER,
+        summary=f"{who} exited 0{at}" + EARLY_EXIT.removeprefix("exited 0"),
+        rank=rank if one else None,
+        node_rank=rank,
+        node=_where(run, rank, parts[rank]),
+        source="gang",
+        attempt=run.attempt,
+        step=step,
+        lines=[f"the others saw: {best.summary}"],
     )
 
 

@@ -21,7 +21,16 @@ from pathlib import Path
 import psutil
 from typing_extensions import Unpack
 
-from gpud.runmodel import AttemptChanges, AttemptRecord, CauseKind, ExitInfo, FailureCause, RunState
+from gpud.runmodel import (
+    EARLY_EXIT,
+    EARLY_EXIT_SOURCE,
+    AttemptChanges,
+    AttemptRecord,
+    CauseKind,
+    ExitInfo,
+    FailureCause,
+    RunState,
+)
 from gpud.runs import causes, procs, shim
 from gpud.runs.logparse import root_cause
 
@@ -221,8 +230,8 @@ class Part:
             if self.record.stop_failed:
                 # Stopped because another part failed; but it may have failed on its own
                 # first (and only lost the race to say so): keep a cause that is its own.
-                own = None if ok else self._find_cause(info)
-                if own is not None and own.kind is CauseKind.SIGNAL and self._sent(own):
+                own = self.early_exit() or (None if ok else self._find_cause(info))
+                if own is not None and self._ours(own):
                     own = None  # the signal was ours
                 info = info.model_copy(update={"cause": own})
                 return Outcome(RunState.FAILED, self.record.stop_failed, info)
@@ -243,7 +252,7 @@ class Part:
                 "run.finish()",
                 info,
             )
-        found = self._find_cause(info)
+        found = self.early_exit() or self._find_cause(info)
         info = info.model_copy(update={"cause": found})
         rank = f"rank {found.rank}: " if found.rank is not None else ""
         return Outcome(RunState.FAILED, f"{rank}{found.summary} ({found.kind.label})", info)
@@ -251,6 +260,26 @@ class Part:
     @property
     def _signalled(self) -> bool:
         return self._termed or self._killed
+
+    def _ours(self, cause: FailureCause) -> bool:
+        """Whether the cause is the signal gpud sent to stop the part: a rank killed by it,
+        or torchrun's own `SignalException` (it raises one on the SIGTERM it is sent)."""
+        if cause.kind is CauseKind.SIGNAL:
+            return self._sent(cause)
+        return "SignalException" in cause.summary and self._signalled
+
+    def early_exit(self) -> FailureCause | None:
+        """This part's ranks all exited 0 and torchrun waited for the other nodes' at its
+        exit barrier when it was ended: the script ended early here (issue 26 §3). Node 0
+        names it, with the step, over the others' connection errors, their echo."""
+        if not any(mark in self._log_tail() for mark in causes.EXIT_BARRIER_MARKS):
+            return None
+        r = self.record
+        ranks = [r.node_rank * r.nproc + i for i in range(r.nproc)] if r.nproc else []
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"node {r.node_rank}'s ranks"
+        return self._cause(CauseKind.USER, f"{who} {EARLY_EXIT}").model_copy(
+            update={"rank": ranks[0] if len(ranks) == 1 else None, "source": EARLY_EXIT_SOURCE}
+        )
 
     def _sent(self, cause: FailureCause) -> bool:
         """Whether gpud sent the signal that killed the rank: a stop sends SIGTERM, and

@@ -226,3 +226,37 @@ def test_a_stop_asked_while_a_failure_was_stopping_the_parts_ends_failed_with_it
     # A stop of a run waiting for its restart cancels the restart: stopped.
     pending = run(RunState.PENDING, stop_requested=True)
     assert at(5.0, pending, views, cause=killed).state is RunState.STOPPED
+
+
+def test_a_part_that_exited_0_while_the_others_saw_connection_errors_is_the_cause() -> None:
+    """Issue 26 §3: rank 1 returns 0 at step 100; rank 0 fails on gloo's Read error."""
+    gloo = FailureCause(kind=CauseKind.NETWORK, summary="gloo: Read error", rank=0, node_rank=0)
+    record = run(RunState.STOPPING, spec={"nproc_per_node": 1, "training": {"max_steps": 500}})
+    views = parts(RunState.FAILED, RunState.SUCCEEDED)
+    views[0] = views[0].model_copy(update={"cause": gloo})
+    decision = at(5.0, record, views, cause=gloo, step=99)
+    assert decision.state is RunState.FAILED and decision.cause is not None
+    assert decision.cause.kind is CauseKind.USER and decision.cause.rank == 1
+    assert decision.reason == (
+        "rank 1 on node n1: rank 1 exited 0 at step 100 while the others were training (the"
+        " script ended early on one rank) (user code, step 100 of attempt 1)"
+    )
+    # Not at the end of training (a teardown error), nor beside a failure of its own kind.
+    assert at(5.0, record, views, cause=gloo, step=499).cause == gloo.model_copy(
+        update={"node": "n0", "attempt": 1, "step": 499}
+    )
+    own = FailureCause(kind=CauseKind.USER, summary="ValueError: x", rank=0, node_rank=0)
+    views[0] = views[0].model_copy(update={"cause": own})
+    assert at(5.0, record, views, step=99).cause.summary == "ValueError: x"  # type: ignore[union-attr]
+
+
+def test_the_same_failure_is_the_same_rank_and_step_whatever_gloo_says() -> None:
+    first = FailureCause(kind=CauseKind.NETWORK, summary="pair.cc:537 Read error", rank=0, step=99)
+    second = first.model_copy(update={"summary": "pair.cc:553 Connection closed"})
+    assert first.same_failure(second)
+    assert not first.same_failure(second.model_copy(update={"step": 150}))
+    assert not first.same_failure(second.model_copy(update={"rank": 1}))
+    user = FailureCause(kind=CauseKind.USER, summary="ValueError: a", rank=0, step=9)
+    assert user.same_failure(user) and not user.same_failure(
+        user.model_copy(update={"summary": "KeyError: b"})
+    )
