@@ -439,6 +439,10 @@ class PartHealth(Reading):
     gpu_trouble: list[GpuTrouble]
     nccl_warnings: int = 0
     last_nccl_warning: str | None = None
+    output_age_s: float | None = Field(
+        None, description="since this part last printed a line (or started, if never)"
+    )
+    library: bool | None = Field(None, description="whether its ranks use the trainers library")
 
 
 RequestT = TypeVar("RequestT", bound=Message)

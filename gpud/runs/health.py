@@ -23,6 +23,11 @@ GPU trouble), so it is tested on hand-made inputs and computed the same on every
 - **The verdict holds still** (`gpud.runs.stragglers`): `assess` names a straggler only
   when its caller's `StragglerWatch` has seen the same rank as the candidate in most of
   the last seconds, and never in the seconds after a stall.
+- **A script without the trainers library** sends no heartbeats: its health is judged
+  from its output (`assess_by_output`): the time since any node printed a line, and
+  since its metric patterns last found a new step. Quiet for `restart.hang_timeout_s`
+  while its processes live is a stall of no one rank (and so a hang); without a
+  timeout it is never called stalled, only reported.
 - **An ended run** has a final verdict and nothing live: `failed` when it failed, `ok`
   when it succeeded, `idle` otherwise (stopped, or not running yet); never a stall, a
   countdown or a straggler.
@@ -41,6 +46,7 @@ from gpud.runmodel import (
     Stall,
     Straggler,
     Verdict,
+    completed_steps,
 )
 from gpud.runs.stragglers import StragglerWatch
 
@@ -306,3 +312,63 @@ def assess(
 
 def _ranks_text(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
+
+
+#: The note a run without heartbeats gets in its reasons (it does not change the verdict).
+NO_HEARTBEATS = "no heartbeats (script does not use the trainers library): judged from its output"
+
+
+def assess_by_output(
+    run_id: str,
+    attempt: int,
+    now: float,
+    world_size: int | None,
+    quiet_s: float,
+    step: tuple[int, float] | None,
+    hang_timeout_s: float | None,
+    backend: str | None,
+    timeout_s: float | None,
+    nccl_warnings: int,
+    last_nccl_warning: str | None,
+    gpu_trouble: list[GpuTrouble],
+) -> HealthSummary:
+    """A running run's health when no rank sends heartbeats: from its output alone.
+
+    `quiet_s`: how long since any of its nodes printed a line (or since it started, if
+    none did yet); `step`: its newest metric step and how long ago its patterns found it.
+    Quiet for `hang_timeout_s` is a stall with no culprit (gpud cannot see its ranks).
+    """
+    heard = f"last output {quiet_s:.1f}s ago"
+    if step is not None:
+        heard += f", step {completed_steps(step[0])} {step[1]:.1f}s ago"
+    reasons = [f"{NO_HEARTBEATS}; {heard}"]
+    stall = None
+    if hang_timeout_s is not None and quiet_s >= hang_timeout_s:
+        timeout = timeout_s or DEFAULT_TIMEOUT_S.get(backend or "", DEFAULT_TIMEOUT_S["nccl"])
+        stall = Stall(
+            rank=None,
+            stuck_for_s=round(quiet_s, 1),
+            timeout_s=timeout,
+            countdown_s=round(max(0.0, timeout - quiet_s), 1),
+            why=f"no output and no new step for {quiet_s:.1f}s while its processes run"
+            " (judged from its output: the script does not use the trainers library)",
+        )
+        reasons.append(stall.why)
+    if nccl_warnings:
+        reasons.append(f"{nccl_warnings} NCCL warning(s)")
+    for trouble in gpu_trouble:
+        reasons.append(f"GPU {trouble.gpu_index} on {trouble.node}: {trouble.describe()}")
+    verdict: Verdict = "stalled" if stall else ("degraded" if len(reasons) > 1 else "ok")
+    return HealthSummary(
+        run_id=run_id,
+        attempt=attempt,
+        time=now,
+        verdict=verdict,
+        reasons=reasons,
+        backend=backend,
+        world_size=world_size,
+        stall=stall,
+        nccl_warnings=nccl_warnings,
+        last_nccl_warning=last_nccl_warning,
+        gpu_trouble=gpu_trouble,
+    )

@@ -666,7 +666,9 @@ class Supervisor:
 
     def _record_metrics(self, run: RunRecord, points: list[MetricPoint]) -> None:
         self.store.add_metrics(points)
-        self.book.note_step(run.id, max(p.step for p in points))
+        newest = max(points, key=lambda p: p.step)
+        self.book.note_step(run.id, newest.step)
+        self.telemetry.stepped(run, newest.attempt, newest.step)
         self.book.publish(run_topic(run.id, "metrics"), gang.metrics_event(run.id, points))
 
     # ================================================================== the tick
@@ -800,6 +802,7 @@ class Supervisor:
             if current.state in (RunState.STARTING, RunState.PENDING):
                 run = self.book.move(run.id, RunState.RUNNING, f"attempt {record.attempt}")
         self.store.put_attempt(part.record)
+        self.telemetry.output(run, record.attempt)
         self.book.publish(run_topic(run.id, "log"), gang.log_event(self.node, run, part, lines))
         rank0: list[str] = []
         for line in lines:

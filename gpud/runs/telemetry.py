@@ -31,13 +31,14 @@ from gpud.runmodel import (
     ProbeMessage,
     RankView,
     RunRecord,
+    RunState,
 )
-from gpud.runs.health import assess, baseline_for
+from gpud.runs.health import assess, assess_by_output, baseline_for
 from gpud.runs.logparse import TROUBLE
 from gpud.runs.stragglers import StragglerWatch
 from gpud.snapshot import NodeSnapshot
 from launch.backends import resolve_backend
-from launch.spec import parse_spec
+from launch.spec import RunSpec, parse_spec
 
 if TYPE_CHECKING:
     from gpud.runs.book import RunBook
@@ -80,6 +81,8 @@ class _RunTelemetry:
     next_dumps: float = 0.0
     world_size: int | None = None
     stragglers: StragglerWatch = field(default_factory=StragglerWatch)
+    output_at: float | None = None  # when this node's part last printed a line
+    step: tuple[int, float] | None = None  # the newest metric step, and when it came
 
 
 class Telemetry:
@@ -118,6 +121,16 @@ class Telemetry:
             # straggler, while a rank slow in every interval is one within a few beats.
             rank.computes.append(max(0.0, message.step_time_s - (message.collective_s or 0.0)))
         state.ranks[message.rank] = rank
+
+    def output(self, run: RunRecord, attempt: int) -> None:
+        """This node's part printed: for the health of a script without heartbeats."""
+        self._of(run.id, attempt).output_at = self.book.clock()
+
+    def stepped(self, run: RunRecord, attempt: int, step: int) -> None:
+        """A metric step (a pattern's or the library's): progress, where nothing beats."""
+        state = self._of(run.id, attempt)
+        if state.step is None or step > state.step[0]:
+            state.step = (step, self.book.clock())
 
     def probe(self, run: RunRecord, message: ProbeMessage) -> None:
         state = self._of(run.id, message.attempt)
@@ -176,6 +189,8 @@ class Telemetry:
             gpu_trouble=self._gpu_trouble(views, snapshot, started),
             nccl_warnings=state.nccl_warnings,
             last_nccl_warning=state.last_nccl_warning,
+            output_age_s=round(now - (state.output_at or started), 2),
+            library=part.record.library if part else None,
         )
 
     def _view(
@@ -290,6 +305,24 @@ class Telemetry:
         ranks.sort(key=lambda r: r.rank)
         warnings = sum(p.nccl_warnings for p in parts)
         last = next((p.last_nccl_warning for p in parts if p.last_nccl_warning), None)
+        if not heard and run.state is RunState.RUNNING and not any(p.library for p in parts):
+            # No rank beats: a script without the trainers library. Judge its output.
+            now = self.book.clock()
+            ages = [p.output_age_s for p in parts if p.output_age_s is not None]
+            return assess_by_output(
+                run_id=run.id,
+                attempt=local.attempt,
+                now=now,
+                world_size=_world_of(spec, len(run.nodes)),
+                quiet_s=min(ages) if ages else 0.0,
+                step=(state.step[0], now - state.step[1]) if state.step else None,
+                hang_timeout_s=spec.restart.hang_timeout_s,
+                backend=resolve_backend(spec, real),
+                timeout_s=float(spec.nccl.timeout_s) if spec.nccl.timeout_s else None,
+                nccl_warnings=warnings,
+                last_nccl_warning=last,
+                gpu_trouble=[t for p in parts for t in p.gpu_trouble],
+            )
         return assess(
             run_id=run.id,
             attempt=local.attempt,
@@ -339,6 +372,13 @@ class Telemetry:
                 state.dumps.add(path)
                 self.book.event(run, "flight_recorder_dump", f"NCCL flight recorder dump: {path}",
                                "warning", path=path)  # fmt: skip
+
+
+def _world_of(spec: RunSpec, nodes: int) -> int | None:
+    """The run's world size from its spec (None while `auto` is unresolved)."""
+    if spec.launcher == "python":
+        return nodes
+    return spec.nproc_per_node * nodes if isinstance(spec.nproc_per_node, int) else None
 
 
 def _gpu_index(beat: HeartbeatMessage, snapshot: NodeSnapshot) -> int | None:

@@ -9,6 +9,7 @@ its GPUs at once. `--dry-run` asks every node what it would run and prints exact
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -164,6 +165,33 @@ overrides_option = click.option(
 )
 
 
+_USES_LIBRARY = re.compile(r"^\s*(?:from|import)\s+trainers\b", re.M)
+
+
+def plain_script_note(spec: RunSpec) -> str | None:
+    """One line for a script that does not import the trainers library (read here; a
+    script this machine cannot read gets no note): what gpud can see of its health."""
+    if spec.script is None or spec.workdir is None:
+        return None
+    try:
+        text = (Path(spec.workdir) / spec.script).read_text(errors="replace")
+    except OSError:
+        return None
+    if _USES_LIBRARY.search(text):
+        return None
+    hang = (
+        f"a hang after {spec.restart.hang_timeout_s:g}s without output"
+        if spec.restart.hang_timeout_s
+        else "a hang when it prints nothing for restart.hang_timeout_s (unset)"
+    )
+    return (
+        f"note: {spec.script} does not import the trainers library, so gpud judges its"
+        f" health from its output: metrics from `metrics:` patterns, {hang}; per-rank"
+        " heartbeats, stragglers, a stall's culprit, the checkpoint-then-exit stop and"
+        " the collective probe need `from trainers import ...`"
+    )
+
+
 @click.command("launch")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--name", help="Run name (overrides the spec's `name`).")
@@ -199,6 +227,8 @@ def launch_command(
         spec = load_spec(config, list(overrides), name)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
+    if (note := plain_script_note(spec)) is not None:
+        click.echo(note, err=True)
     if slurm or spec.slurm is not None:
         _slurm_launch(ctl, spec, dry_run)
         return

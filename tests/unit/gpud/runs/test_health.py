@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.runmodel import BandwidthView, GpuTrouble, RankView, RunState
-from gpud.runs.health import assess, baseline_for, find_stall, find_straggler
+from gpud.runmodel import BandwidthView, GpuTrouble, HealthSummary, RankView, RunState
+from gpud.runs.health import (
+    NO_HEARTBEATS,
+    assess,
+    assess_by_output,
+    baseline_for,
+    find_stall,
+    find_straggler,
+)
 
 
 def rank(
@@ -230,3 +237,22 @@ def test_a_rank_on_a_gpu_outside_its_lease_degrades_the_run() -> None:
         "outside the run's GPU lease: rank 1 on GPU 5 (does the script override"
         " CUDA_VISIBLE_DEVICES or pick a device by hand?)"
     ]
+
+
+def test_a_run_without_heartbeats_is_judged_from_its_output() -> None:
+
+    def judge(quiet: float, timeout: float | None) -> HealthSummary:
+        return assess_by_output(
+            run_id="r", attempt=1, now=100.0, world_size=4, quiet_s=quiet, step=(49, quiet),
+            hang_timeout_s=timeout, backend="gloo", timeout_s=None, nccl_warnings=0,
+            last_nccl_warning=None, gpu_trouble=[],
+        )  # fmt: skip
+
+    flowing = judge(0.4, 5.0)
+    assert flowing.verdict == "ok" and flowing.world_size == 4 and flowing.stall is None
+    assert flowing.reasons == [f"{NO_HEARTBEATS}; last output 0.4s ago, step 50 0.4s ago"]
+    quiet = judge(6.0, 5.0)
+    assert quiet.verdict == "stalled" and quiet.stall is not None and quiet.stall.rank is None
+    assert quiet.stall.stuck_for_s == 6.0 and quiet.stall.countdown_s == 1800.0 - 6.0
+    # Without a hang timeout the quiet is reported, never called a stall.
+    assert judge(600.0, None).verdict == "ok"
