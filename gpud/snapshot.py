@@ -98,6 +98,14 @@ class GpuSample(Reading):
     sm_activity_pct: float | None = Field(None, description="GPM SM utilization (Hopper+)")
     sm_occupancy_pct: float | None = Field(None, description="GPM SM occupancy (Hopper+)")
     tensor_activity_pct: float | None = Field(None, description="GPM tensor-core activity")
+    graphics_activity_pct: float | None = Field(
+        None, description="GPM graphics engine activity: time any compute/graphics work ran"
+    )
+    dram_activity_pct: float | None = Field(
+        None, description="GPM DRAM bandwidth in use, of the theoretical maximum"
+    )
+    encoder_utilization_pct: float | None = Field(None, description="video encoder (NVENC)")
+    decoder_utilization_pct: float | None = Field(None, description="video decoder (NVDEC)")
     # memory
     memory_used_bytes: int | None = Field(
         None, description="in use, not counting what the driver reserves (as nvidia-smi)"
@@ -108,7 +116,11 @@ class GpuSample(Reading):
     )
     # thermals and power
     temperature_c: float | None = None
+    memory_temperature_c: float | None = Field(None, description="HBM temperature")
     power_w: float | None = None
+    energy_mj: int | None = Field(
+        None, description="energy used since the driver was loaded (simulated: since start)"
+    )
     power_limit_w: float | None = None
     fan_pct: float | None = None
     # clocks

@@ -28,6 +28,7 @@ from gpud.hardware.nvml_fields import (
     cuda_version,
     field_value_number,
     memory_bytes,
+    memory_temperature_c,
     milliwatts_to_w,
     text,
 )
@@ -48,8 +49,18 @@ PCIE_THROUGHPUT_TTL_S = 5.0
 XID_WAIT_MS = 500
 KIB = 1024
 
+#: The GPM metrics read between two samples, by the GpuSample field each fills: the ones
+#: DCGM reads for DCGM_FI_PROF_SM_ACTIVE, SM_OCCUPANCY, PIPE_TENSOR_ACTIVE, GR_ENGINE_ACTIVE
+#: and DRAM_ACTIVE on Hopper and newer.
+GPM_METRICS: tuple[tuple[str, str], ...] = (
+    ("sm_activity_pct", "NVML_GPM_METRIC_SM_UTIL"),
+    ("sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("tensor_activity_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    ("graphics_activity_pct", "NVML_GPM_METRIC_GRAPHICS_UTIL"),
+    ("dram_activity_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+)
+
 T = TypeVar("T")
-_NO_GPM: tuple[float | None, float | None, float | None] = (None, None, None)
 
 
 class NvmlUnavailable(Exception):
@@ -365,7 +376,7 @@ class NvmlSampler:
             return self._identity_only(gpu)
         nvml = self._nvml
         util = self._read(gpu, "nvmlDeviceGetUtilizationRates")
-        sm_activity, sm_occupancy, tensor_activity = self._read_gpm(gpu)
+        gpm = self._read_gpm(gpu)
         memory = self._memory(gpu)
         # The "throttle" name is the pre-535 spelling of the same bitmask.
         reasons = self._read(gpu, "nvmlDeviceGetCurrentClocksEventReasons")
@@ -375,7 +386,10 @@ class NvmlSampler:
             now, lambda: as_int(self._read(gpu, "nvmlDeviceGetEnforcedPowerLimit"))
         )
         health = gpu.health.get(now, lambda: self._read_health(gpu))
-        traffic = self._read_traffic(gpu, now)
+        fields = self._read_field_values(gpu)
+        traffic = self._traffic(gpu, now, fields)
+        encoder = self._read(gpu, "nvmlDeviceGetEncoderUtilization")  # [%, sampling period µs]
+        decoder = self._read(gpu, "nvmlDeviceGetDecoderUtilization")
         nvlinks = None
         if health.nvlinks is not None:
             tx_field = nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
@@ -398,16 +412,19 @@ class NvmlSampler:
             compute_capability=gpu.compute_capability,
             utilization_gpu_pct=None if util is None else float(util.gpu),
             utilization_memory_pct=None if util is None else float(util.memory),
-            sm_activity_pct=sm_activity,
-            sm_occupancy_pct=sm_occupancy,
-            tensor_activity_pct=tensor_activity,
+            encoder_utilization_pct=None if encoder is None else float(encoder[0]),
+            decoder_utilization_pct=None if decoder is None else float(decoder[0]),
             memory_used_bytes=None if memory is None else int(memory.used),
             memory_reserved_bytes=as_int(getattr(memory, "reserved", None)),
             memory_total_bytes=gpu.memory_total_bytes,
             temperature_c=as_int(
                 self._read(gpu, "nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
             ),
+            memory_temperature_c=memory_temperature_c(
+                fields.get((nvml.NVML_FI_DEV_MEMORY_TEMP, 0))
+            ),
             power_w=milliwatts_to_w(as_int(self._read(gpu, "nvmlDeviceGetPowerUsage"))),
+            energy_mj=as_int(self._read(gpu, "nvmlDeviceGetTotalEnergyConsumption")),
             power_limit_w=milliwatts_to_w(power_limit_mw),
             fan_pct=as_int(self._read(gpu, "nvmlDeviceGetFanSpeed")),
             clock_sm_mhz=as_int(self._read(gpu, "nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_SM)),
@@ -437,6 +454,7 @@ class NvmlSampler:
             peer_distance=gpu.peer_distance,
             xid=self._xids.summary(gpu.index),
             processes=self._read_processes(gpu),
+            **gpm,
         )
         # A GPU lost halfway through must not report the readings taken before it went.
         return self._identity_only(gpu) if gpu.lost else sample
@@ -453,40 +471,34 @@ class NvmlSampler:
             xid=self._xids.summary(gpu.index),
         )
 
-    def _read_gpm(self, gpu: _Gpu) -> tuple[float | None, float | None, float | None]:
-        """SM activity, SM occupancy and tensor activity between the last two samples."""
+    def _read_gpm(self, gpu: _Gpu) -> dict[str, float]:
+        """The GPM metrics (GPM_METRICS) between the last two samples, by GpuSample field;
+        empty on a GPU without GPM and at its first sample, without those it does not offer."""
         if not gpu.gpm_buffers:
-            return _NO_GPM
+            return {}
         nvml = self._nvml
         previous, current = gpu.gpm_buffers
         if self._read(gpu, "nvmlGpmSampleGet", current) is None:
             gpu.gpm_primed = False
-            return _NO_GPM
+            return {}
         gpu.gpm_buffers = [current, previous]
         if not gpu.gpm_primed:
             gpu.gpm_primed = True
-            return _NO_GPM
-        metric_ids = (
-            nvml.NVML_GPM_METRIC_SM_UTIL,
-            nvml.NVML_GPM_METRIC_SM_OCCUPANCY,
-            nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
-        )
+            return {}
         request = nvml.c_nvmlGpmMetricsGet_t()
         request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(metric_ids)
+        request.numMetrics = len(GPM_METRICS)
         request.sample1, request.sample2 = previous, current
-        for i, metric_id in enumerate(metric_ids):
-            request.metrics[i].metricId = metric_id
+        for i, (_, metric) in enumerate(GPM_METRICS):
+            request.metrics[i].metricId = getattr(nvml, metric)
         result = self._call(gpu, "nvmlGpmMetricsGet", request)
         if result is None:
-            return _NO_GPM
-        values = {
-            int(m.metricId): float(m.value)
-            for m in result.metrics[: len(metric_ids)]
+            return {}
+        return {
+            name: float(m.value)
+            for (name, _), m in zip(GPM_METRICS, result.metrics[: len(GPM_METRICS)], strict=True)
             if m.nvmlReturn == nvml.NVML_SUCCESS
         }
-        sm, occupancy, tensor = (values.get(metric_id) for metric_id in metric_ids)
-        return sm, occupancy, tensor
 
     def _read_health(self, gpu: _Gpu) -> _Health:
         nvml = self._nvml
@@ -535,9 +547,9 @@ class NvmlSampler:
             recovery_errors=errors(nvml.NVML_NVLINK_ERROR_DL_RECOVERY),
         )
 
-    def _read_traffic(self, gpu: _Gpu, now: float) -> dict[tuple[int, int], float | None]:
-        """Bytes per second by (field id, scope): PCIe TX/RX (scope 0) and NVLink TX/RX (scope
-        = link), from cumulative counters read in one nvmlDeviceGetFieldValues call."""
+    def _counter_ids(self, gpu: _Gpu) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """(field id, scope) of the byte counters: PCIe TX/RX (scope 0), NVLink TX/RX
+        (scope = link)."""
         nvml = self._nvml
         pcie = [
             (nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
@@ -548,8 +560,23 @@ class NvmlSampler:
             nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
         )
         nvlink = [(f, link) for link in range(gpu.nvlink_count or 0) for f in nvlink_fields]
-        values = self._read(gpu, "nvmlDeviceGetFieldValues", pcie + nvlink)
-        counters = {(int(v.fieldId), int(v.scopeId)): field_value_number(v) for v in values or ()}
+        return pcie, nvlink
+
+    def _read_field_values(self, gpu: _Gpu) -> dict[tuple[int, int], Any]:
+        """One nvmlDeviceGetFieldValues call, by (field id, scope): the byte counters and
+        the memory temperature (as DCGM reads it). NVML answers each field apart, so one
+        the GPU lacks costs the others nothing."""
+        pcie, nvlink = self._counter_ids(gpu)
+        wanted = [*pcie, (self._nvml.NVML_FI_DEV_MEMORY_TEMP, 0), *nvlink]
+        values = self._read(gpu, "nvmlDeviceGetFieldValues", wanted)
+        return {(int(v.fieldId), int(v.scopeId)): v for v in values or ()}
+
+    def _traffic(
+        self, gpu: _Gpu, now: float, fields: dict[tuple[int, int], Any]
+    ) -> dict[tuple[int, int], float | None]:
+        """Bytes per second by (field id, scope), from the byte counters among `fields`."""
+        pcie, nvlink = self._counter_ids(gpu)
+        counters = {key: field_value_number(fields[key]) for key in pcie + nvlink if key in fields}
         rates: dict[tuple[int, int], float | None] = {}
         for key in pcie + nvlink:
             value = counters.get(key)

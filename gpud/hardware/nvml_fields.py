@@ -85,3 +85,21 @@ def field_value_number(value: Any) -> float | None:
         return None
     member = _VALUE_MEMBERS.get(value.valueType)
     return None if member is None else float(getattr(value.value, member))
+
+
+#: Above this no memory sensor reads: DCGM drops such a value, and so does gpud.
+MAX_MEMORY_TEMPERATURE_C = 200
+
+
+def memory_temperature_c(value: Any) -> float | None:
+    """NVML_FI_DEV_MEMORY_TEMP in °C, as DCGM reads it; None where NVML has no value.
+
+    r545 drivers mark this field a double while writing an unsigned int (NVIDIA bug
+    4300930), so DCGM always reads the int. Read as a double, such an int is a tiny
+    denormal; a double is believed only when it is a temperature, else the int is read."""
+    if value is None or value.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    celsius = float(value.value.dVal)
+    if value.valueType != pynvml.NVML_VALUE_TYPE_DOUBLE or celsius < 1.0:
+        celsius = float(value.value.uiVal)
+    return None if celsius > MAX_MEMORY_TEMPERATURE_C else celsius

@@ -91,6 +91,10 @@ class SimulatedSampler:
         self._node_tag = zlib.crc32(node.encode()) & 0xFFFFFFFF
         self.xids = XidTracker(count, clock)
         self._xid_file = xid_file
+        # Energy counters: the simulated driver loads with the sampler, so they start at 0
+        # and grow by each sample's power over the time since the last one.
+        self._energy_mj = [0.0] * count
+        self._energy_at: float | None = None
 
     def system_info(self) -> GpuSystemInfo:
         return GpuSystemInfo(
@@ -127,9 +131,13 @@ class SimulatedSampler:
         self._inject_xids()
         now = self._clock()
         loads = self._loads() if self._loads else {}
-        return [self._sample_one(i, now, loads.get(i, ())) for i in range(self._count)]
+        elapsed = 0.0 if self._energy_at is None else max(0.0, now - self._energy_at)
+        self._energy_at = now
+        return [self._sample_one(i, now, loads.get(i, ()), elapsed) for i in range(self._count)]
 
-    def _sample_one(self, i: int, t: float, procs: Sequence[SimulatedLoad]) -> GpuSample:
+    def _sample_one(
+        self, i: int, t: float, procs: Sequence[SimulatedLoad], elapsed_s: float
+    ) -> GpuSample:
         m = self._model
         phase = i * 0.7
         busy = min(100.0, sum(p.busy_pct for p in procs))
@@ -141,6 +149,7 @@ class SimulatedSampler:
         power = m.idle_power_w + load * (m.power_limit_w * 0.9 - m.idle_power_w)
         power += 4.0 * _wave(t, 11.0, phase)
         temperature = 31.0 + 42.0 * load + 2.0 * _wave(t, 29.0, phase)
+        self._energy_mj[i] += power * elapsed_s * 1000
         sm_clock = int(345 + load * (m.clock_sm_max_mhz - 345))
         pcie_rate = 2.0e8 * load + 1.0e6 * _wave(t, 7.0, phase)
         nvlink_rate = 2.5e9 * load
@@ -157,11 +166,17 @@ class SimulatedSampler:
             sm_activity_pct=round(util * 0.82, 1),
             sm_occupancy_pct=round(util * 0.41, 1),
             tensor_activity_pct=round(util * 0.55, 1),
+            graphics_activity_pct=round(util * 0.97, 1),
+            dram_activity_pct=round(util * 0.38, 1),
+            encoder_utilization_pct=0.0,  # training does not encode or decode video
+            decoder_utilization_pct=0.0,
             memory_used_bytes=memory_used,
             memory_total_bytes=m.memory_total_bytes,
             memory_reserved_bytes=RESERVED_BYTES,
             temperature_c=round(temperature, 1),
+            memory_temperature_c=round(temperature + 4.0 + 6.0 * load, 1),  # HBM runs warmer
             power_w=round(power, 1),
+            energy_mj=int(self._energy_mj[i]),
             power_limit_w=m.power_limit_w,
             fan_pct=None,  # SXM boards have no fan of their own: not available, like NVML
             clock_sm_mhz=sm_clock,

@@ -22,6 +22,8 @@ from prometheus_client import utils as prometheus_utils
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from gpud.prometheus.series import DcgmCounterFamily
+
 log = logging.getLogger("gpud.prometheus")
 
 #: Requests may not take longer than this to send their head, nor be larger.
@@ -70,13 +72,15 @@ def _escape(value: str) -> str:
 
 def render(families: Iterable[Metric]) -> bytes:
     """The classic text format (0.0.4), as prometheus-client's `generate_latest` writes it,
-    but escaping each label set once: 8 GPUs share theirs across 36 families, and escaping
-    every sample's labels anew was most of a scrape's cost (4.6 ms of 5)."""
+    but escaping each label set once: 8 GPUs share theirs across 44 families, and escaping
+    every sample's labels anew was most of a scrape's cost (4.6 ms of 5). A
+    DcgmCounterFamily is written as dcgm-exporter writes its counters, which
+    `generate_latest` cannot: under its name as it is, without `_total`."""
     out: list[str] = []
     labels_of: dict[tuple[tuple[str, str], ...], str] = {}
     for metric in families:
         name, kind = metric.name, metric.type
-        if kind == "counter":
+        if kind == "counter" and not isinstance(metric, DcgmCounterFamily):
             name += "_total"
         elif kind == "unknown":
             kind = "untyped"

@@ -2,8 +2,9 @@
 dcgm-exporter cannot say — the run and rank on each GPU — and gpud's own run, host and
 daemon series. Pure: records in, prometheus-client metric families out.
 
-Names, units and scales follow dcgm-exporter's counters (`etc/default-counters.csv` and
-the DCGM field reference): memory in MiB, clocks in MHz, power in W, the profiling fields
+Names, types, units and scales follow dcgm-exporter's counters (`etc/default-counters.csv`
+and `dcp-metrics-included.csv`, copied in tests/data/dcgm-exporter/, and the DCGM field
+reference): memory in MiB, clocks in MHz, power in W, energy in mJ, the profiling fields
 (`DCGM_FI_PROF_*`) as ratios from 0 to 1, NVLink and PCIe traffic in bytes per second. A
 field the GPU does not offer (None in the sample) is absent, never 0.
 """
@@ -11,10 +12,11 @@ field the GPU does not offer (None in the sample) is absent, never 0.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from gpud.protocol import RunSummary
 from gpud.runmodel import (
@@ -28,8 +30,13 @@ from gpud.runmodel import (
 from gpud.snapshot import GpuSample, HostSample, NodeSnapshot, PodRef
 
 MIB = 1024 * 1024
-#: dcgm-exporter's labels, in its order; then ours.
-GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+KIB = 1024
+#: dcgm-exporter's labels, in its order; then ours. `DCGM_FI_DRIVER_VERSION` is how
+#: dcgm-exporter carries the driver version: a field of type `label` in its CSV, which it
+#: puts on every GPU series rather than in a series of its own.
+GPU_LABELS = (
+    "gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
+)  # fmt: skip
 JOB_LABELS = ("run", "rank", "hpc_job", "simulated")
 #: dcgm-exporter's Kubernetes labels (`pod_uid` is the one its --kubernetes-enable-pod-uid
 #: adds; here it is the cgroup's UID of the pod whose process is on the GPU). Only while a
@@ -42,14 +49,30 @@ MAX_RUN_METRICS = 32
 VERDICTS = ("ok", "degraded", "stalled", "failed", "idle")
 
 
+class DcgmCounterFamily(Metric):
+    """A counter written as dcgm-exporter writes its counters: `# TYPE NAME counter` and
+    samples named NAME, the name exactly as given. prometheus-client cannot write that (its
+    counters always end in `_total`, which would break every dashboard that knows
+    dcgm-exporter's names), so `gpud.prometheus.endpoint.render` knows this family. For a
+    name that ends in `_total` it writes what prometheus-client writes for a counter."""
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
+        super().__init__(name, documentation, "counter")
+        self._labelnames = tuple(labels)
+
+    def add_metric(self, labels: Sequence[str], value: float) -> None:
+        self.samples.append(
+            Sample(self.name, dict(zip(self._labelnames, labels, strict=True)), value)
+        )
+
+
 @dataclass(frozen=True)
 class GpuField:
     name: str
     help: str
     value: Callable[[GpuSample], float | None]
-    #: A gpud counter (exposed as NAME_total). dcgm-exporter's own names stay exactly as
-    #: they are, so their cumulative fields are gauges here (prometheus-client would add
-    #: `_total` to a counter's name, and break every dashboard that knows the name).
+    #: A count that only grows, typed `counter` under its name as it is (DcgmCounterFamily):
+    #: where dcgm-exporter's CSVs type the name `counter`, and gpud's own `..._total`.
     counter: bool = False
 
 
@@ -74,6 +97,17 @@ def _links(g: GpuSample, pick: Callable[..., float | int | None]) -> float | Non
     return float(sum(values)) if values else None
 
 
+def _nvlink_bandwidth(g: GpuSample) -> float | None:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it: the data sent and received on
+    all links, NVML's KiB counters per second, divided by 1000 (DCGM's arithmetic; its unit
+    says MB/s). A rate, though dcgm-exporter types it `counter`."""
+    sent = _links(g, lambda link: link.tx_bytes_per_s)
+    received = _links(g, lambda link: link.rx_bytes_per_s)
+    if sent is None or received is None:
+        return None
+    return (sent + received) / KIB / 1000
+
+
 def _flag(value: bool | None) -> float | None:
     return None if value is None else float(value)
 
@@ -88,6 +122,10 @@ FIELDS: tuple[GpuField, ...] = (
         "DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).",
         lambda g: g.utilization_memory_pct,
     ),
+    GpuField("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).",
+             lambda g: g.encoder_utilization_pct),
+    GpuField("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).",
+             lambda g: g.decoder_utilization_pct),
     GpuField("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
              lambda g: _mib(g.memory_used_bytes)),
     GpuField("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _free),
@@ -103,7 +141,12 @@ FIELDS: tuple[GpuField, ...] = (
     GpuField("DCGM_FI_DEV_MAX_MEM_CLOCK", "Maximum memory clock frequency (in MHz).",
              lambda g: g.clock_mem_max_mhz),
     GpuField("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
+    GpuField("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).",
+             lambda g: g.memory_temperature_c),
     GpuField("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
+    GpuField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+             "Total energy consumption since the driver was loaded (in mJ).",
+             lambda g: g.energy_mj, counter=True),
     GpuField("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).",
              lambda g: g.power_limit_w),
     GpuField("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", lambda g: g.fan_pct),
@@ -114,36 +157,40 @@ FIELDS: tuple[GpuField, ...] = (
              lambda g: _flag(g.persistence_mode)),
     GpuField("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", _last_xid),
     GpuField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.",
-             lambda g: g.pcie_replay_count),
+             lambda g: g.pcie_replay_count, counter=True),
     GpuField("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.",
-             lambda g: g.ecc_corrected_volatile),
+             lambda g: g.ecc_corrected_volatile, counter=True),
     GpuField("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.",
-             lambda g: g.ecc_uncorrected_volatile),
+             lambda g: g.ecc_uncorrected_volatile, counter=True),
     GpuField("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
              "Total number of single-bit persistent ECC errors.",
-             lambda g: g.ecc_corrected_aggregate),
+             lambda g: g.ecc_corrected_aggregate, counter=True),
     GpuField("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
              "Total number of double-bit persistent ECC errors.",
-             lambda g: g.ecc_uncorrected_aggregate),
+             lambda g: g.ecc_uncorrected_aggregate, counter=True),
     GpuField("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
              "Number of remapped rows for correctable errors.",
-             lambda g: g.remapped_rows_correctable),
+             lambda g: g.remapped_rows_correctable, counter=True),
     GpuField("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
              "Number of remapped rows for uncorrectable errors.",
-             lambda g: g.remapped_rows_uncorrectable),
+             lambda g: g.remapped_rows_uncorrectable, counter=True),
     GpuField("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending (1).",
              lambda g: _flag(g.remapped_rows_pending)),
     GpuField("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed (1).",
              lambda g: _flag(g.remapped_rows_failed)),
     GpuField("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
              "Total number of NVLink retries.",
-             lambda g: _links(g, lambda link: link.replay_errors)),
+             lambda g: _links(g, lambda link: link.replay_errors), counter=True),
     GpuField("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
              "Total number of NVLink recovery errors.",
-             lambda g: _links(g, lambda link: link.recovery_errors)),
+             lambda g: _links(g, lambda link: link.recovery_errors), counter=True),
     GpuField("gpud_nvlink_crc_errors_total",
              "NVLink flit and data CRC errors, all links (NVML reads them together).",
              lambda g: _links(g, lambda link: link.crc_errors), counter=True),
+    GpuField("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+             "NVLink data sent and received, all links (NVML's KiB per second / 1000, as"
+             " DCGM counts it).",
+             _nvlink_bandwidth, counter=True),
     GpuField("DCGM_FI_PROF_NVLINK_TX_BYTES",
              "The rate of data transmitted over NVLink, not including protocol headers,"
              " in bytes per second.",
@@ -158,6 +205,13 @@ FIELDS: tuple[GpuField, ...] = (
     GpuField("DCGM_FI_PROF_PCIE_RX_BYTES",
              "The rate of data received over the PCIe bus, in bytes per second.",
              lambda g: g.pcie_rx_bytes_per_s),
+    GpuField("DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+             "Ratio of time the graphics engine is active (0 to 1).",
+             lambda g: _ratio(g.graphics_activity_pct)),
+    GpuField("DCGM_FI_PROF_DRAM_ACTIVE",
+             "Ratio of cycles the device memory interface is active sending or receiving"
+             " data (0 to 1).",
+             lambda g: _ratio(g.dram_activity_pct)),
     GpuField("DCGM_FI_PROF_SM_ACTIVE",
              "The ratio of cycles an SM has at least 1 warp assigned (0 to 1).",
              lambda g: _ratio(g.sm_activity_pct)),
@@ -234,12 +288,10 @@ def gpu_families(
             on_gpu[uuid] = (run.summary.id, str(number))
     pods = any(gpu.pod is not None for gpu in snapshot.gpus)
     labels = list(GPU_LABELS + JOB_LABELS + (POD_LABELS if pods else ()))
-    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    families: dict[str, GaugeMetricFamily | DcgmCounterFamily] = {}
     for f in FIELDS:
         if f.counter:
-            families[f.name] = CounterMetricFamily(
-                f.name.removesuffix("_total"), f.help, labels=labels
-            )
+            families[f.name] = DcgmCounterFamily(f.name, f.help, labels)
         else:
             families[f.name] = GaugeMetricFamily(f.name, f.help, labels=labels)
     for gpu in snapshot.gpus:
@@ -251,6 +303,7 @@ def gpu_families(
             f"nvidia{gpu.index}",
             gpu.name,
             host,
+            snapshot.driver_version or "",
             run_id,
             rank,
             jobs.get(gpu.index, ""),

@@ -20,6 +20,7 @@ from gpud.client import Client
 from gpud.hardware.nvml import NvmlSampler, NvmlUnavailable
 from gpud.prometheus.series import FIELDS
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
+from tests.support.dcgm_exporter import parity_problems
 from tests.support.runs import (
     ROOT,
     force_stop,
@@ -184,10 +185,12 @@ def test_a_gpu_run_leases_its_gpu_stops_releasing_its_memory_and_resumes(
         )
         final = scrape(port)
         record("metrics-resumed.txt", final)
-        names = [f.name.removesuffix("_total") for f in FIELDS]
+        names = [f.name for f in FIELDS]  # every GPU family's samples carry its own name
         present = [n for n in names if f"\n{n}{{" in final]
         absent = [n for n in names if n not in present]
         record("dcgm-names.json", json.dumps({"present": present, "absent": absent}, indent=1))
+        # What differs from dcgm-exporter's defaults on this GPU, for docs/verified-on-gpu.md.
+        record("dcgm-parity.json", json.dumps(parity_problems(final), indent=1))
     finally:
         for run_id in (first, second):
             if run_id and not status(daemon, run_id).run.state.terminal:

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpud.prometheus.series import FIELDS
 from tests.support.daemons import RunningDaemon, free_port
+from tests.support.dcgm_exporter import dcgm_types
 from tests.support.runs import FAST, force_stop, launch, wait_for_step
 
 Daemons = Callable[..., RunningDaemon]
@@ -63,7 +64,9 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
     assert sorted(util) == ["0", "1", "2", "3"]
     labels, _ = util["1"]
     assert set(labels) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
-                           "run", "rank", "hpc_job", "simulated"}  # fmt: skip
+                           "DCGM_FI_DRIVER_VERSION", "run", "rank", "hpc_job",
+                           "simulated"}  # fmt: skip
+    assert labels["DCGM_FI_DRIVER_VERSION"] == "simulated"  # dcgm-exporter's label for it
     assert (labels["device"], labels["modelName"]) == ("nvidia1", "NVIDIA H100 80GB HBM3")
     assert labels["simulated"] == "true" and labels["UUID"].startswith("GPU-sim")
     # The run's ranks on the GPUs it leased, by local rank: what dcgm-exporter cannot say.
@@ -101,7 +104,9 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
             [promtool, "check", "metrics"], input=text, capture_output=True, text=True
         )
         # promtool's style lint flags what dcgm-exporter itself does, and dashboards
-        # depend on: its camelCase labels, and a name ending in COUNTER. Nothing else.
+        # depend on: its camelCase labels, a name ending in COUNTER, and its counters'
+        # names without `_total`. Nothing else.
+        dcgm_counters = {name for name, kind in dcgm_types().items() if kind == "counter"}
         problems = {
             line.strip()
             for line in (check.stdout + check.stderr).splitlines()
@@ -110,6 +115,8 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
                                           " 'camelCase'")
             and line.strip() != "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not"
             " include type 'counter'"
+            and line.strip() not in {f'{name} counter metrics should have "_total" suffix'
+                                     for name in dcgm_counters}
         }  # fmt: skip
         assert not problems, problems
 

@@ -38,6 +38,8 @@ def field_value(name: str, value: Any) -> str:
         return f"{value:.1f} °C"
     if name.endswith("_mhz"):
         return f"{value} MHz"
+    if name.endswith("_mj"):
+        return f"{value / 3.6e9:,.2f} kWh"
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value) or "none"
     return str(value)

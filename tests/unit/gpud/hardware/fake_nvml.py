@@ -59,7 +59,12 @@ class FakeGpu:
     memory_total: int = 80 * GIB
     memory_reserved: int = 512 * 1024**2  # what the driver keeps (v2 memory info)
     temperature: int = 64
+    memory_temperature: int | None = 71  # NVML_FI_DEV_MEMORY_TEMP; None: not supported
+    memory_temperature_as_double: bool = False  # how r545 drivers mislabel it (an int)
     power_mw: int = 512_345
+    energy_mj: int = 987_654_321  # since the driver was loaded
+    encoder: tuple[int, int] = (0, 167_000)  # utilization %, sampling period µs
+    decoder: tuple[int, int] = (12, 167_000)
     power_limit_mw: int = 700_000
     fan: int = 45
     clocks: dict[int, int] = field(
@@ -102,6 +107,8 @@ def h100(index: int = 0, **overrides: Any) -> FakeGpu:
             pynvml.NVML_GPM_METRIC_SM_UTIL: 71.5,
             pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 33.25,
             pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 48.0,
+            pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 93.5,
+            pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 27.75,
         },
         "unsupported": DATACENTER_UNSUPPORTED,
     }
@@ -109,11 +116,13 @@ def h100(index: int = 0, **overrides: Any) -> FakeGpu:
 
 
 def rtx4090(**overrides: Any) -> FakeGpu:
-    """A GeForce card: a fan, but no ECC, NVLink, GPM, MIG or serial."""
+    """A GeForce card: a fan, but no ECC, NVLink, GPM, MIG, serial or memory temperature
+    (GDDR6X: nvidia-smi shows it N/A)."""
     values: dict[str, Any] = {
         "name": "NVIDIA GeForce RTX 4090",
         "uuid": "GPU-40904090-4090-4090-4090-409040904090",
         "compute_capability": (8, 9),
+        "memory_temperature": None,
         "unsupported": CONSUMER_UNSUPPORTED,
     }
     return FakeGpu(**(values | overrides))
@@ -138,6 +147,15 @@ def _device_call(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _field(gpu: FakeGpu, field_id: int, scope: int) -> Any:
+    if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+        # An unsigned int; r545 drivers mark it a double all the same.
+        as_double = gpu.memory_temperature_as_double
+        kind = pynvml.NVML_VALUE_TYPE_DOUBLE if as_double else pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        return _field_value(field_id, scope, gpu.memory_temperature, kind, "uiVal")
+    return _field_value(field_id, scope, _counter(gpu, field_id, scope))
+
+
 def _counter(gpu: FakeGpu, field_id: int, scope: int) -> int | None:
     if field_id == pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
         return gpu.pcie_tx_bytes
@@ -150,15 +168,21 @@ def _counter(gpu: FakeGpu, field_id: int, scope: int) -> int | None:
     raise AssertionError(f"the fake has no field {field_id}")
 
 
-def _field_value(field_id: int, scope: int, number: int | None) -> Any:
+def _field_value(
+    field_id: int,
+    scope: int,
+    number: int | None,
+    kind: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+    member: str = "ullVal",
+) -> Any:
     value = pynvml.c_nvmlFieldValue_t()
     value.fieldId, value.scopeId = field_id, scope
     if number is None:
         value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
     else:
         value.nvmlReturn = pynvml.NVML_SUCCESS
-        value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-        value.value.ullVal = number
+        value.valueType = kind
+        setattr(value.value, member, number)
     return value
 
 
@@ -311,6 +335,18 @@ class FakeNvml:
         return gpu.power_mw
 
     @_device_call
+    def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
+        return gpu.energy_mj
+
+    @_device_call
+    def nvmlDeviceGetEncoderUtilization(self, gpu: FakeGpu) -> list[int]:
+        return list(gpu.encoder)
+
+    @_device_call
+    def nvmlDeviceGetDecoderUtilization(self, gpu: FakeGpu) -> list[int]:
+        return list(gpu.decoder)
+
+    @_device_call
     def nvmlDeviceGetFanSpeed(self, gpu: FakeGpu) -> int:
         return gpu.fan
 
@@ -342,7 +378,7 @@ class FakeNvml:
     def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[tuple[int, int]]) -> Any:
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for i, (field_id, scope) in enumerate(field_ids):
-            values[i] = _field_value(field_id, scope, _counter(gpu, field_id, scope))
+            values[i] = _field(gpu, field_id, scope)
         return values
 
     def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu) -> list[SimpleNamespace]:

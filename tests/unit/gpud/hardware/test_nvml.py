@@ -11,10 +11,18 @@ import pynvml
 import pytest
 
 from gpud.hardware.nvml import NvmlSampler, NvmlUnavailable
-from gpud.hardware.nvml_fields import clock_event_reasons, cuda_version
+from gpud.hardware.nvml_fields import clock_event_reasons, cuda_version, memory_temperature_c
 from gpud.runs.gpus import Gpu, choose, closeness_from
 from gpud.snapshot import GpuSample
-from tests.unit.gpud.hardware.fake_nvml import GIB, FakeGpu, FakeNvLink, FakeNvml, h100, rtx4090
+from tests.unit.gpud.hardware.fake_nvml import (
+    DATACENTER_UNSUPPORTED,
+    GIB,
+    FakeGpu,
+    FakeNvLink,
+    FakeNvml,
+    h100,
+    rtx4090,
+)
 
 IDENTITY = {"index", "simulated", "name", "uuid", "pci_bus_id", "serial", "compute_capability"}
 NOT_READINGS = IDENTITY | {"lost", "xid"}
@@ -112,7 +120,10 @@ def test_maps_every_field_with_unit_conversions(open_sampler: OpenSampler) -> No
     assert (s.memory_used_bytes, s.memory_total_bytes) == (30 * GIB, 80 * GIB)
     assert s.memory_reserved_bytes == 512 * 1024**2  # apart from used, as nvidia-smi shows
     assert s.temperature_c == 64
+    assert s.memory_temperature_c == 71  # NVML_FI_DEV_MEMORY_TEMP, in the batched read
     assert s.power_w == pytest.approx(512.345)  # mW → W
+    assert s.energy_mj == 987_654_321  # mJ, as NVML and DCGM count it
+    assert (s.encoder_utilization_pct, s.decoder_utilization_pct) == (0.0, 12.0)
     assert s.power_limit_w == 700.0
     assert s.fan_pct is None  # an SXM board has no fan: not available, not 0
     assert (s.clock_sm_mhz, s.clock_sm_max_mhz) == (1755, 1980)
@@ -212,8 +223,69 @@ def test_consumer_gpu_unsupported_fields_are_none_not_zero(
         "sm_activity_pct",
         "sm_occupancy_pct",
         "tensor_activity_pct",
+        "graphics_activity_pct",
+        "dram_activity_pct",
+        "memory_temperature_c",  # GDDR6X: no memory sensor NVML reads
     ):
         assert getattr(s, name) is None, name
+    assert s.energy_mj == 987_654_321
+    assert (s.encoder_utilization_pct, s.decoder_utilization_pct) == (0.0, 12.0)
+
+
+def test_energy_and_video_engines_a_gpu_does_not_offer_are_none_not_zero(
+    open_sampler: OpenSampler,
+) -> None:
+    unsupported = {
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetEncoderUtilization",
+        "nvmlDeviceGetDecoderUtilization",
+    }
+    gpu = h100(unsupported=DATACENTER_UNSUPPORTED | unsupported, memory_temperature=None)
+    (s,) = open_sampler(FakeNvml([gpu])).sample()
+
+    assert s.energy_mj is None
+    assert (s.encoder_utilization_pct, s.decoder_utilization_pct) == (None, None)
+    assert s.memory_temperature_c is None  # that field alone; the batch's others still read
+    assert s.temperature_c == 64 and s.power_w is not None
+
+
+def test_memory_temperature_survives_the_r545_drivers_mislabelled_value_type(
+    open_sampler: OpenSampler,
+) -> None:
+    # r545 marks the field a double but writes an unsigned int (NVIDIA bug 4300930):
+    # read as a double it would be ~3.5e-322 °C.
+    gpu = h100(memory_temperature_as_double=True)
+    (s,) = open_sampler(FakeNvml([gpu])).sample()
+    assert s.memory_temperature_c == 71
+
+
+def test_memory_temperature_decoding() -> None:
+    def value(kind: int, member: str, number: float, ok: bool = True) -> pynvml.c_nvmlFieldValue_t:
+        v = pynvml.c_nvmlFieldValue_t()
+        v.nvmlReturn = pynvml.NVML_SUCCESS if ok else pynvml.NVML_ERROR_NOT_SUPPORTED
+        v.valueType = kind
+        setattr(v.value, member, number)
+        return v
+
+    double, uint = pynvml.NVML_VALUE_TYPE_DOUBLE, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    assert memory_temperature_c(value(uint, "uiVal", 66)) == 66.0
+    assert memory_temperature_c(value(double, "dVal", 66.5)) == 66.5  # a real double
+    assert memory_temperature_c(value(double, "uiVal", 66)) == 66.0  # r545's int
+    assert memory_temperature_c(value(uint, "uiVal", 255)) is None  # no sensor reads that
+    assert memory_temperature_c(value(uint, "uiVal", 66, ok=False)) is None
+    assert memory_temperature_c(None) is None
+
+
+def test_a_failed_field_values_call_loses_memory_temperature_and_falls_back_for_pcie(
+    open_sampler: OpenSampler,
+) -> None:
+    gpu = h100(errors={"nvmlDeviceGetFieldValues": pynvml.NVML_ERROR_UNKNOWN},
+               pcie_throughput_kb=(100, 250))  # fmt: skip
+    (s,) = open_sampler(FakeNvml([gpu])).sample()
+
+    assert s.memory_temperature_c is None
+    assert (s.pcie_tx_bytes_per_s, s.pcie_rx_bytes_per_s) == (100 * 1024, 250 * 1024)
+    assert s.temperature_c == 64
 
 
 # -- rates from counters ---------------------------------------------------------------
@@ -307,12 +379,14 @@ def test_gpm_metrics_none_first_then_between_samples(
         None,
         None,
     )
+    assert (first.graphics_activity_pct, first.dram_activity_pct) == (None, None)
     for s in (second, third):
         assert (s.sm_activity_pct, s.sm_occupancy_pct, s.tensor_activity_pct) == (
             71.5,
             33.25,
             48.0,
         )
+        assert (s.graphics_activity_pct, s.dram_activity_pct) == (93.5, 27.75)
 
 
 def test_gpm_metric_the_gpu_does_not_offer_is_none(open_sampler: OpenSampler) -> None:
@@ -323,6 +397,7 @@ def test_gpm_metric_the_gpu_does_not_offer_is_none(open_sampler: OpenSampler) ->
     (s,) = sampler.sample()
 
     assert (s.sm_activity_pct, s.sm_occupancy_pct, s.tensor_activity_pct) == (12.0, None, None)
+    assert (s.graphics_activity_pct, s.dram_activity_pct) == (None, None)
 
 
 # -- clock-event reasons ---------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpud.hardware.simulated import SimulatedLoad, SimulatedSampler
 
 MIB = 1024 * 1024
@@ -56,3 +58,23 @@ def test_xids_are_counted_and_acknowledged() -> None:
     assert sampler.acknowledge_xids(None) == 3
     after = sampler.sample()[1].xid
     assert after.unacknowledged == 0 and after.total == 3
+
+
+def test_dcgm_exporters_default_fields_are_there_and_plausible() -> None:
+    now = [100.0]
+    loads = {1: [SimulatedLoad(pid=42, name="python", used_memory_bytes=10 * MIB, busy_pct=97)]}
+    sampler = SimulatedSampler(2, "n", clock=lambda: now[0], loads=lambda: loads)
+    first = sampler.sample()
+    now[0] += 10.0
+    idle, busy = sampler.sample()
+    # Energy: a counter from 0 when the simulated driver loads, growing by power × time.
+    assert [g.energy_mj for g in first] == [0, 0]
+    assert idle.power_w is not None and busy.power_w is not None
+    assert idle.energy_mj == pytest.approx(idle.power_w * 10 * 1000, rel=0.01)
+    assert busy.energy_mj > idle.energy_mj  # type: ignore[operator]
+    for gpu in (idle, busy):
+        assert gpu.temperature_c < gpu.memory_temperature_c < 95  # type: ignore[operator]
+        assert (gpu.encoder_utilization_pct, gpu.decoder_utilization_pct) == (0.0, 0.0)
+    assert 85 < busy.graphics_activity_pct <= 100  # type: ignore[operator]
+    assert 0 < busy.dram_activity_pct < busy.graphics_activity_pct  # type: ignore[operator]
+    assert idle.graphics_activity_pct < 5 and idle.dram_activity_pct < 5  # type: ignore[operator]
