@@ -30,6 +30,7 @@ from gpud.runmodel import (
     RunState,
     cause_precedence,
 )
+from gpud.runs import hints
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ def decide(
         found = [f for p in parts.values() for f in p.flight_recorder]
         if found:
             failure = failure.model_copy(update={"flight_recorder": list(dict.fromkeys(found))})
+        failure = hints.for_run(failure)
         reason = failure.one_line()
         propagate = None if cause is not None or (len(parts) == 1 and not gone) else reason
         if not everyone_done:

@@ -61,7 +61,7 @@ from gpud.runmodel import (
     gpus_text,
     new_run_id,
 )
-from gpud.runs import flight, gang
+from gpud.runs import flight, gang, hints
 from gpud.runs.aftermath import blame_hardware, check_nothing_left
 from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.book import Publish, RunBook, check_coordinator
@@ -831,15 +831,28 @@ class Supervisor:
     async def _settle(self, run: RunRecord, part: Part, outcome: Outcome) -> None:
         await self._follow_log(run, part, to_end=True)
         now = self.clock()
-        outcome = blame_hardware(self.hardware().gpus, part, outcome, now)
+        snapshot = self.hardware()
+        outcome = blame_hardware(snapshot.gpus, part, outcome, now)
+        findings: list[str] = []
         if outcome.state is RunState.FAILED and flight.dumps(part.dir):
-            found = await asyncio.to_thread(flight.analyze, part.dir)
-            if found:
+            findings = await asyncio.to_thread(flight.analyze, part.dir)
+            if findings:
                 self.book.event(
-                    run, "flight_recorder", "flight recorder: " + "; ".join(found), "warning"
+                    run, "flight_recorder", "flight recorder: " + "; ".join(findings), "warning"
                 )
-                exit_info = outcome.exit.model_copy(update={"flight_recorder": found})
+                exit_info = outcome.exit.model_copy(update={"flight_recorder": findings})
                 outcome = Outcome(outcome.state, outcome.reason, exit_info)
+        if outcome.exit.cause is not None:
+            # What to do about it, from what this node knows (its interpreter, its GPUs).
+            facts = hints.facts_for(
+                _spec_of(run),
+                snapshot,
+                master_port=part.record.master_port,
+                own_python=_interpreter(),
+            )
+            cause = outcome.exit.cause.model_copy(update={"flight_recorder": findings})
+            exit_info = outcome.exit.model_copy(update={"cause": hints.with_hint(cause, facts)})
+            outcome = Outcome(outcome.state, outcome.reason, exit_info)
         self.book.update_part(
             part,
             state=outcome.state,
