@@ -366,6 +366,9 @@ class LaunchReply(Reading):
     master_addr: str
     master_port: int | None = Field(None, description="None: queued, chosen when it starts")
     plan: PartPlan | None = None
+    warnings: list[str] = Field(
+        default_factory=list, description="what in the spec will not work as meant: one line each"
+    )
 
 
 class JoinReply(Reading):

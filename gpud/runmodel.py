@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
 from gpud.snapshot import Reading
 
@@ -95,6 +95,10 @@ class CauseKind(str, Enum):
 
     USER = "user"  # an exception in the training code
     IMPORT = "import"  # ImportError / ModuleNotFoundError: the environment, not the data
+    # torch, CUDA, NCCL or the driver do not fit the script or each other (a CPU build of
+    # torch running a CUDA script, no NCCL, a driver older than torch's CUDA): no restart
+    # gets past it, a change to the environment does
+    ENVIRONMENT = "environment"
     OOM = "oom"  # CUDA out of memory, or the kernel's OOM killer
     NCCL = "nccl"  # NCCL errors and collective timeouts
     NETWORK = "network"  # gloo connection errors, address in use, a node lost
@@ -112,6 +116,7 @@ class CauseKind(str, Enum):
 _CAUSE_LABELS = {
     CauseKind.USER: "user code",
     CauseKind.IMPORT: "import error",
+    CauseKind.ENVIRONMENT: "environment",
     CauseKind.OOM: "out of memory",
     CauseKind.NCCL: "NCCL",
     CauseKind.NETWORK: "network",
@@ -168,6 +173,17 @@ class FailureCause(Reading):
         default_factory=list,
         description="what torch's analyzer found in the ranks' flight-recorder dumps",
     )
+    hint: str | None = Field(
+        None,
+        description="what to do about it, for a known failure (gpud.runs.hints); one line",
+    )
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _known_kind(cls, value: object) -> object:
+        # A newer daemon's class this code does not know is still a failure: `unknown`.
+        known = {kind.value for kind in CauseKind}
+        return value if not isinstance(value, str) or value in known else CauseKind.UNKNOWN
 
     def one_line(self) -> str:
         """`rank 1 on node B: ValueError: bad shard 17 (user code, step 1 of attempt 1)`."""

@@ -27,6 +27,7 @@ from gpud.attach.wire import (
 from gpud.protocol import NodeRefIn
 from gpud.runmodel import ExitInfo, RunState
 from gpud.runs.causes import find_cause
+from gpud.runs.hints import NO_FACTS, HintFacts, with_hint
 
 #: Where a system daemon's attach socket is (the systemd unit's RuntimeDirectory).
 SYSTEM_SOCKET = Path("/run/gpud/attach.sock")
@@ -49,11 +50,18 @@ def socket_path(env: Mapping[str, str], node: str) -> Path | None:
 
 
 def failed_end(
-    attempt_dir: Path, tail: str, exit: ExitInfo, *, node_rank: int, nproc: int
+    attempt_dir: Path,
+    tail: str,
+    exit: ExitInfo,
+    *,
+    node_rank: int,
+    nproc: int,
+    facts: HintFacts = NO_FACTS,
 ) -> EndReport:
     """A part that failed, as the daemon is told: its cause found in the part's files and
-    output, as gpud finds the cause of a part it started."""
-    cause = find_cause(attempt_dir, tail, exit, node_rank=node_rank, nproc=nproc)
+    output, as gpud finds the cause of a part it started, with its hint."""
+    found = find_cause(attempt_dir, tail, exit, node_rank=node_rank, nproc=nproc)
+    cause = with_hint(found, facts)
     rank = f"rank {cause.rank}: " if cause.rank is not None else ""
     return EndReport(
         state=RunState.FAILED,

@@ -5,7 +5,8 @@ every worker's `TORCHELASTIC_ERROR_FILE` into the attempt's log dir; the trainer
 and torch's `@record` write them on an uncaught exception; gpud points single processes
 and DeepSpeed's ranks at `<attempt>/errors/`), torchrun's end-of-run summary (which rank
 died first, and by which signal), tracebacks in the log, known lines (NCCL, gloo, CUDA out
-of memory, a port in use), and the kernel's OOM-kill counter of the daemon's cgroup.
+of memory, a port in use, no NCCL in this torch...), and the kernel's OOM-kill counter of
+the daemon's cgroup.
 `find_cause()` turns that into one `FailureCause`. Pure apart from reading those files.
 """
 
@@ -49,39 +50,88 @@ COLLECTIVE_TIMEOUT = re.compile(
 #: the SIGTERM gpud sends), or at INFO level before.
 EXIT_BARRIER_MARKS = ("in _exit_barrier", "Waiting 300 seconds for other agents to finish")
 
+# The known signatures, by name: gpud.runs.hints says what to do about each.
+NO_NCCL = FailurePattern(
+    CauseKind.ENVIRONMENT,
+    re.compile(
+        r"Distributed package doesn't have NCCL built in"
+        r"|ProcessGroupNCCL is only supported with GPUs"
+    ),
+    "this torch has no NCCL, or no GPU to run it on",
+)
+CPU_TORCH = FailurePattern(
+    CauseKind.ENVIRONMENT,
+    re.compile(r"Torch not compiled with CUDA enabled|module 'torch\._C' has no attribute '_cuda_"),
+    "a CUDA script on a CPU build of torch",
+)
+CUDA_DRIVER = FailurePattern(
+    CauseKind.ENVIRONMENT,
+    re.compile(
+        r"CUDA driver version is insufficient for CUDA runtime version"
+        r"|NVIDIA driver on your system is too old|Found no NVIDIA driver on your system"
+    ),
+    "torch's CUDA needs a driver this node does not have",
+)
+CUDA_OOM = FailurePattern(
+    CauseKind.OOM,
+    re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
+    "CUDA out of memory",
+)
+NCCL_ERROR = FailurePattern(
+    CauseKind.NCCL,
+    re.compile(
+        COLLECTIVE_TIMEOUT.pattern
+        + r"|NCCL (?:error|timeout|communicator was aborted)|ncclInternalError"
+        r"|ncclSystemError|ncclRemoteError|ncclUnhandledCudaError|ncclInvalidUsage",
+        re.I,
+    ),
+    "an NCCL error or collective timeout",
+)
+ADDRESS_IN_USE = FailurePattern(
+    CauseKind.NETWORK,
+    re.compile(r"Address already in use|EADDRINUSE|server socket has failed to listen", re.I),
+    "address already in use: another process holds the port",
+)
+MODULE_MISSING = FailurePattern(
+    CauseKind.IMPORT,
+    re.compile(r"^(?:ModuleNotFoundError|ImportError)\b"),
+    "a module could not be imported",
+)
+DEVICE_ASSERT = FailurePattern(
+    CauseKind.USER,
+    re.compile(r"device-side assert triggered"),
+    "a CUDA kernel's assert failed (most often an index out of range)",
+)
+FILE_MISSING = FailurePattern(
+    CauseKind.USER,
+    re.compile(r"FileNotFoundError|No such file or directory|Parent directory .+ does not exist"),
+    "a file or directory the script reads or writes is not there",
+)
+NO_PERMISSION = FailurePattern(
+    CauseKind.USER,
+    re.compile(r"PermissionError|Permission denied|Operation not permitted"),
+    "the script may not read or write a path",
+)
+
 #: The one table: a line (or an exception message) matching a pattern has that kind. The
-#: first match wins, so the specific come before the general.
+#: first match wins, so the specific come before the general (an environment that has no
+#: NCCL before NCCL's own errors; a network error before a missing file it may mention).
 PATTERNS: tuple[FailurePattern, ...] = (
-    FailurePattern(
-        CauseKind.OOM,
-        re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
-        "CUDA out of memory",
-    ),
-    FailurePattern(
-        CauseKind.NCCL,
-        re.compile(
-            COLLECTIVE_TIMEOUT.pattern
-            + r"|NCCL (?:error|timeout|communicator was aborted)|ncclInternalError"
-            r"|ncclSystemError|ncclRemoteError|ncclUnhandledCudaError|ncclInvalidUsage",
-            re.I,
-        ),
-        "an NCCL error or collective timeout",
-    ),
-    FailurePattern(
-        CauseKind.NETWORK,
-        re.compile(r"Address already in use|EADDRINUSE|server socket has failed to listen", re.I),
-        "address already in use: another process holds the port",
-    ),
+    NO_NCCL,
+    CPU_TORCH,
+    CUDA_DRIVER,
+    CUDA_OOM,
+    NCCL_ERROR,
+    ADDRESS_IN_USE,
     FailurePattern(
         CauseKind.NETWORK,
         re.compile(GLOO_ERROR.pattern + r"|Connection refused|No route to host"),
         "a gloo peer went away or could not be reached",
     ),
-    FailurePattern(
-        CauseKind.IMPORT,
-        re.compile(r"^(?:ModuleNotFoundError|ImportError)\b"),
-        "a module could not be imported",
-    ),
+    MODULE_MISSING,
+    DEVICE_ASSERT,
+    FILE_MISSING,
+    NO_PERMISSION,
 )
 
 
@@ -211,9 +261,12 @@ def last_lines(text: str, local_rank: int | None = None, count: int = CONTEXT_LI
     return lines[-count:]
 
 
-def known_line(text: str) -> tuple[CauseKind, str, list[str]] | None:
-    """The last line of the log that the pattern table knows, with the lines before it."""
+def known_line(text: str, local_rank: int | None = None) -> tuple[CauseKind, str, list[str]] | None:
+    """The last line of the log (of one local rank, when given) that the pattern table
+    knows, with the lines before it."""
     lines = text.splitlines()
+    if local_rank is not None:
+        lines = [raw for raw in lines if split_rank(raw)[0] == local_rank]
     for i in range(len(lines) - 1, -1, -1):
         _, line = split_rank(lines[i])
         kind = kind_of(line)
@@ -340,8 +393,9 @@ def find_cause(
 
     Earliest error file first (the rank whose exception started it); but when that is a
     connection error and torchrun saw another rank die by a signal first, the signal is
-    the cause and the connection error its echo. Then a signal, the last traceback, the
-    last known line, and at worst the exit code.
+    the cause and the connection error its echo. Then a signal (for an abort, the last
+    known line that rank printed before it, when there is one), the last traceback, the
+    last known line, and at worst the exit code. What to do about it: gpud.runs.hints.
     """
     root = root_cause(log_text)
     # A rank killed by a signal other than torchrun's own SIGTERM (sent to the others once
@@ -368,6 +422,15 @@ def find_cause(
                 step=first.step,
             )
     if died is not None:
+        said = known_line(log_text, local) if died == "SIGABRT" and local is not None else None
+        if said is not None:
+            # An abort is how C++ ends a process on an uncaught exception (`terminate
+            # called after throwing ...`: NCCL's watchdog, a CUDA error): the line the
+            # rank printed before it says which.
+            kind, line, lines = said
+            return FailureCause(
+                kind=kind, summary=line, rank=root_rank, source="log", lines=lines, time=ended_at
+            )
         return _from_signal(root_rank, died, oom_killed, last_lines(log_text, local), ended_at)
     trace = last_traceback(log_text, local)
     if trace is not None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpud.runmodel import RunRecord
-from launch.spec import parse_spec
+from launch.spec import RunSpec, parse_spec
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,21 @@ def newest_checkpoint(
     return (max(ours)[1] if ours else None), notes
 
 
+def unset_dir_warning(spec: RunSpec, checkpoint_dir: str, *, looked: bool = False) -> str | None:
+    """The one line that says a spec asks for resumes that cannot find a checkpoint: with
+    `resume.args` but no `checkpoint.dir`, gpud looks in its own run dir, where a script
+    that saves into its own out_dir (nanoGPT's) never writes. None when that is not so
+    (the trainer reports its checkpoints, or `resume.pattern` is absolute)."""
+    if not spec.resume.args or spec.checkpoint.dir is not None:
+        return None
+    if spec.resume.latest == "reported" or os.path.isabs(spec.resume.pattern):
+        return None
+    return (
+        f"resume.args is set but checkpoint.dir is not: gpud {'looked' if looked else 'will look'}"
+        f" in {checkpoint_dir}; set checkpoint.dir to where the script writes its checkpoints"
+    )
+
+
 def find_checkpoint(run: RunRecord) -> ResumePoint:
     """The checkpoint a new attempt starts from, as `resume.latest` says to find it."""
     spec = parse_spec(run.spec)
@@ -96,8 +111,12 @@ def find_checkpoint(run: RunRecord) -> ResumePoint:
     if path is not None:
         step = reported.step if reported and reported.path == path else None
         return ResumePoint(path, step, passed_over)
-    return ResumePoint(None, note=f"no checkpoint of this run; {passed_over}" if passed_over
-                       else "no checkpoint of this run")  # fmt: skip
+    notes = [
+        "no checkpoint of this run",
+        passed_over,
+        unset_dir_warning(spec, run.checkpoint_dir, looked=True),
+    ]
+    return ResumePoint(None, note="; ".join(n for n in notes if n))
 
 
 def explicit_checkpoint(path: str) -> ResumePoint:

@@ -36,6 +36,7 @@ from gpud.runmodel import (
     cause_precedence,
     completed_steps,
 )
+from gpud.runs import hints
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ def decide(
         if new is RunState.STOPPED and cause is not None and run.state is not RunState.PENDING:
             # It was failing before the stop came (the failure was propagated): it failed,
             # and the stop only hurried its end. No restart: a person asked it to stop.
-            failing = _with_findings(cause, parts)
+            failing = hints.for_run(_with_findings(cause, parts))
             note = "; a stop was asked while the other parts were stopping"
             return GangDecision(RunState.FAILED, failing.one_line() + note, lost, cause=failing)
         if new is RunState.STOPPED:
@@ -262,7 +263,7 @@ def decide(
         if failure is None:
             failed = min(r for r, s in states.items() if s is RunState.FAILED)
             failure = _unexplained(run, parts, failed, step)
-        failure = _with_findings(failure, parts)
+        failure = hints.for_run(_with_findings(failure, parts))
         reason = failure.one_line()
         propagate = None if cause is not None or (len(parts) == 1 and not gone) else reason
         if not everyone_done:

@@ -61,11 +61,11 @@ from gpud.runmodel import (
     gpus_text,
     new_run_id,
 )
-from gpud.runs import flight, gang
+from gpud.runs import flight, gang, hints
 from gpud.runs.aftermath import blame_hardware, check_nothing_left
 from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.book import Publish, RunBook, check_coordinator
-from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint
+from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint, unset_dir_warning
 from gpud.runs.gpus import Gpu
 from gpud.runs.leases import GpuLeases
 from gpud.runs.logparse import classify, split_rank
@@ -373,6 +373,8 @@ class Supervisor:
         master_addr = gang.master_host(spec, nodes)
         run_id = new_run_id(spec.name)
         run = self._new_run(run_id, spec, nodes, node_rank=0)
+        warning = unset_dir_warning(spec, run.checkpoint_dir)
+        warnings = [warning] if warning else []
         queue = (req.queue or spec.queue) and not req.dry_run
         try:  # refused here: nothing was set up
             if not req.dry_run:
@@ -381,10 +383,11 @@ class Supervisor:
         except ProtocolError as exc:
             if not queue or exc.code is not ErrorCode.UNAVAILABLE:
                 raise
-            return self._queue(run, master_addr, caller, exc.message)
+            return self._queue(run, master_addr, caller, exc.message, warnings)
         if queue and len(nodes) > 1:
             # Node 0 starts it once every node joined and can give its part (all or none).
-            return self._queue(run, master_addr, caller, "waiting for every node to join")
+            why = "waiting for every node to join"
+            return self._queue(run, master_addr, caller, why, warnings)
         try:
             port = pick_port(self.store.leased_ports())
         except NoFreePort as exc:
@@ -396,22 +399,34 @@ class Supervisor:
                 master_addr=master_addr,
                 master_port=port,
                 plan=self._plan(run, spec, place),
+                warnings=warnings,
             )
         self.store.lease_port(port, run_id, 1, self.clock())
         run = self.book.add(run)
         self.book.event(run, "launch", f"launched by {caller.name} on {len(nodes)} node(s)")
+        self._warn(run, warnings)
         self.start_part(run, spec, 1, master_addr, port, ResumePoint(None))
         run = self.book.move(run.id, RunState.STARTING, f"attempt 1 on {len(nodes)} node(s)")
         self.gang.view(run)
-        return LaunchReply(run=self.book.summary(run), master_addr=master_addr, master_port=port)
+        return LaunchReply(
+            run=self.book.summary(run), master_addr=master_addr, master_port=port, warnings=warnings
+        )
 
-    def _queue(self, run: RunRecord, master_addr: str, caller: Caller, why: str) -> LaunchReply:
+    def _queue(
+        self, run: RunRecord, master_addr: str, caller: Caller, why: str, warnings: list[str]
+    ) -> LaunchReply:
         """A launch that waits: queued here (and, as gpuctl joins them, on the other nodes)."""
         run = self.book.add(run.model_copy(update={"queued_at": run.created_at}))
         where = f"{len(run.nodes)} node(s)"
         self.book.event(run, "launch", f"launched by {caller.name} on {where}, queued: {why}")
+        self._warn(run, warnings)
         run = self.book.move(run.id, RunState.QUEUED, why)
-        return LaunchReply(run=self.book.summary(run), master_addr=master_addr)
+        return LaunchReply(run=self.book.summary(run), master_addr=master_addr, warnings=warnings)
+
+    def _warn(self, run: RunRecord, warnings: list[str]) -> None:
+        """The launch's warnings stay in the run's events, for whoever did not launch it."""
+        for warning in warnings:
+            self.book.event(run, "spec_warning", warning, "warning")
 
     def join(self, req: JoinRequest, caller: Caller) -> JoinReply:
         spec = self._validated(req.spec)
@@ -836,15 +851,28 @@ class Supervisor:
     async def _settle(self, run: RunRecord, part: Part, outcome: Outcome) -> None:
         await self._follow_log(run, part, to_end=True)
         now = self.clock()
-        outcome = blame_hardware(self.hardware().gpus, part, outcome, now)
+        snapshot = self.hardware()
+        outcome = blame_hardware(snapshot.gpus, part, outcome, now)
+        findings: list[str] = []
         if outcome.state is RunState.FAILED and flight.dumps(part.dir):
-            found = await asyncio.to_thread(flight.analyze, part.dir)
-            if found:
+            findings = await asyncio.to_thread(flight.analyze, part.dir)
+            if findings:
                 self.book.event(
-                    run, "flight_recorder", "flight recorder: " + "; ".join(found), "warning"
+                    run, "flight_recorder", "flight recorder: " + "; ".join(findings), "warning"
                 )
-                exit_info = outcome.exit.model_copy(update={"flight_recorder": found})
+                exit_info = outcome.exit.model_copy(update={"flight_recorder": findings})
                 outcome = Outcome(outcome.state, outcome.reason, exit_info)
+        if outcome.exit.cause is not None:
+            # What to do about it, from what this node knows (its interpreter, its GPUs).
+            facts = hints.facts_for(
+                _spec_of(run),
+                snapshot,
+                master_port=part.record.master_port,
+                own_python=_interpreter(),
+            )
+            cause = outcome.exit.cause.model_copy(update={"flight_recorder": findings})
+            exit_info = outcome.exit.model_copy(update={"cause": hints.with_hint(cause, facts)})
+            outcome = Outcome(outcome.state, outcome.reason, exit_info)
         self.book.update_part(
             part,
             state=outcome.state,

@@ -44,6 +44,7 @@ from gpud.patterns.tail import MetricsTail
 from gpud.runmodel import ExitInfo, RunState
 from gpud.runs import shim
 from gpud.runs.checkpoints import newest_checkpoint
+from gpud.runs.hints import HintFacts
 from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
 from launch.spec import RunSpec, parse_spec
 
@@ -154,6 +155,7 @@ def end_report(place: Placement, ended: Mapping[str, Any], stopping: bool) -> En
     return failed_end(
         attempt_dir, log_text, ExitInfo(exit_code=code, signal=sig),
         node_rank=place.node_rank, nproc=place.nproc_per_node,
+        facts=HintFacts(python=place.python, master_port=place.master_port),
     )  # fmt: skip
 
 

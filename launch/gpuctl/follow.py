@@ -35,7 +35,12 @@ def progress_line(run: RunSummary) -> str:
 
 
 def outcome_line(run: RunSummary) -> str:
-    return f"{run.id} {run.state.value}" + (f": {run.reason}" if run.reason else "")
+    """How the run ended; for a known failure, a second line says what to do about it."""
+    line = f"{run.id} {run.state.value}" + (f": {run.reason}" if run.reason else "")
+    hint = run.cause.hint if run.cause is not None else None
+    if run.state is RunState.FAILED and hint:
+        line += f"\nhint: {hint}"
+    return line
 
 
 def follow(

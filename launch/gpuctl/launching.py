@@ -9,6 +9,7 @@ its GPUs at once. `--dry-run` asks every node what it would run and prints exact
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -30,6 +31,7 @@ from gpud.protocol import (
     StopRequest,
 )
 from gpud.runmodel import RunState, new_run_id
+from gpud.runs.checkpoints import unset_dir_warning
 from launch.gpuctl.context import (
     DEFAULT_NODE,
     EXIT_FAILED,
@@ -126,6 +128,7 @@ def _slurm_launch(ctl: Ctl, spec: RunSpec, dry_run: bool) -> None:
     python = spec.python or sys.executable
     if dry_run:
         run_id = new_run_id(spec.name)
+        _warn_checkpoint_dir(spec, slurm.run_dir_for(spec, run_id))
         try:
             click.echo(
                 slurm.render(spec, run_id, slurm.run_dir_for(spec, run_id), python), nl=False
@@ -137,6 +140,7 @@ def _slurm_launch(ctl: Ctl, spec: RunSpec, dry_run: bool) -> None:
         run = slurm_jobs.create(spec, python)
     except (slurm.SlurmScriptError, OSError) as exc:
         fail(str(exc), EXIT_USAGE)
+    _warn_checkpoint_dir(spec, str(run.run_dir))
     try:
         job = slurm_jobs.submit(run, attempt_base=1)
     except slurm_jobs.SlurmError as exc:
@@ -145,6 +149,13 @@ def _slurm_launch(ctl: Ctl, spec: RunSpec, dry_run: bool) -> None:
         emit_json({"run": {"id": run.id, "slurm_job": job, "run_dir": str(run.run_dir)}})
     else:
         click.echo(f"submitted {run.id} as Slurm job {job}; its files: {run.run_dir}")
+
+
+def _warn_checkpoint_dir(spec: RunSpec, run_dir: str) -> None:
+    """A Slurm run looks for checkpoints as a daemon does: warn as a daemon would."""
+    warning = unset_dir_warning(spec, os.path.join(run_dir, "checkpoints"))
+    if warning:
+        click.echo(f"gpuctl: warning: {warning}", err=True)
 
 
 def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
@@ -185,7 +196,7 @@ def plain_script_note(spec: RunSpec) -> str | None:
         else "a hang when it prints nothing for restart.hang_timeout_s (unset)"
     )
     return (
-        f"note: {spec.script} does not import the trainers library, so gpud judges its"
+        f"gpuctl: note: {spec.script} does not import the trainers library, so gpud judges its"
         f" health from its output: metrics from `metrics:` patterns, {hang}; per-rank"
         " heartbeats, stragglers, a stall's culprit, the checkpoint-then-exit stop and"
         " the collective probe need `from trainers import ...`"
@@ -239,6 +250,8 @@ def launch_command(
         fail(f"{targets[0].label}: {exc}", exit_code_for(exc))
     except JoinFailed as exc:
         fail(str(exc), exc.code)
+    for warning in reply.warnings:
+        click.echo(f"gpuctl: warning: {warning}", err=True)
     if dry_run:
         plans = [p for p in [reply.plan, *(j.plan for j in joins)] if p is not None]
         if ctl.json:

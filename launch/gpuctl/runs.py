@@ -217,7 +217,8 @@ def status_command(ctl: Ctl, run: str) -> None:
 
 
 def _cause_lines(cause: FailureCause) -> list[str]:
-    """The latest failure: its class, where it was read, and the log lines around it."""
+    """The latest failure: its class, where it was read, the log lines around it, and for
+    a known failure what to do about it."""
     kind = cause.kind.label
     if kind != cause.kind.value:
         kind += f" [{cause.kind.value}]"  # the name restart.on knows it by
@@ -225,6 +226,8 @@ def _cause_lines(cause: FailureCause) -> list[str]:
     out = [f"cause     {kind}{source}: {cause.summary}"]
     out += [f"          | {line}" for line in cause.lines[-CAUSE_LINES:]]
     out += [f"flight    {finding}" for finding in cause.flight_recorder]
+    if cause.hint:
+        out.append(f"hint      {cause.hint}")  # what to do about it: known failures only
     return out
 
 

@@ -38,6 +38,7 @@ from gpud.runmodel import (
     new_run_id,
 )
 from gpud.runs.causes import find_cause
+from gpud.runs.hints import HintFacts, with_hint
 from launch import slurm, slurm_states
 from launch.slurm_states import JobRun
 from launch.spec import RunSpec
@@ -244,7 +245,9 @@ class SlurmRun:
             found.append(find_cause(node_dir, text, exit_info, node_rank=node_rank, nproc=nproc))
         if not found:
             return None
-        return min(found, key=cause_precedence)
+        python = self.config.get("python")
+        facts = HintFacts(python=python if isinstance(python, str) else None)
+        return with_hint(min(found, key=cause_precedence), facts)
 
     def state(self) -> SlurmStatus:
         """The run's state, why, and its attempt: from squeue while Slurm remembers the

@@ -60,6 +60,8 @@ def status(ctl: Ctl, run: slurm_jobs.SlurmRun) -> None:
     loss = summary.last_values.get("loss")
     click.echo(f"{summary.id} ({summary.name}): {summary.state_label}, attempt {summary.attempt}")
     click.echo(f"  why:     {summary.reason}")
+    if summary.state is RunState.FAILED and summary.cause is not None and summary.cause.hint:
+        click.echo(f"  hint:    {summary.cause.hint}")
     click.echo(
         f"  step:    {steps_text(summary.steps_done, summary.max_steps)}"
         + (f"  loss {loss:.4f}" if loss is not None else "")

@@ -286,3 +286,46 @@ def test_an_xid_on_the_runs_gpu_just_before_it_failed_makes_it_a_hardware_failur
     assert status(daemon, other).run.state is RunState.RUNNING
     force_stop(daemon, other)
     nothing_left(run_id)
+
+
+def test_resume_args_without_a_checkpoint_dir_is_said_at_launch_and_on_resume(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """Issue 24 §3: nanoGPT saves into its out_dir; without checkpoint.dir gpud looks in its
+    own run dir, finds nothing, and each resume starts from scratch. Said in one line at
+    launch (and --dry-run), and again by the resume."""
+    out = tmp_path / "out"
+    args = [
+        "--node", daemon.address, "launch", str(EXAMPLES / "single-process.yaml"),
+        "--set", f"args=['--max_iters=100000', '--out_dir={out}', '--n_embd=64', '--n_layer=2',"
+        " '--eval_interval=1000']",
+        "--set", "checkpoint.dir=null",
+    ]  # fmt: skip
+    runs = daemon.state_dir / "runs"
+    said = (
+        "gpuctl: warning: resume.args is set but checkpoint.dir is not: gpud will look in"
+        f" {runs}/{{}}/checkpoints; set checkpoint.dir to where the script writes its checkpoints"
+    )
+    dry = gpuctl(*args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    planned = re.search(r"GPUD_CHECKPOINT_DIR=(\S+)/checkpoints", dry.stdout)
+    assert planned is not None, dry.stdout
+    assert dry.stderr.splitlines() == [said.format(Path(planned[1]).name)], dry.stderr
+    result = gpuctl(*args)
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.split()[1]
+    assert result.stderr.splitlines() == [said.format(run_id)], result.stderr
+    wait_for_step(daemon, run_id, 3)
+    assert gpuctl("--node", daemon.address, "stop", run_id, timeout=60).returncode == 0
+    assert (out / "ckpt.pt").exists()  # it saved, where gpud does not look
+    resumed = gpuctl("--node", daemon.address, "resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == (
+        f"resumed {run_id} as attempt 2 from scratch: no checkpoint of this run; resume.args is"
+        f" set but checkpoint.dir is not: gpud looked in {runs}/{run_id}/checkpoints; set"
+        " checkpoint.dir to where the script writes its checkpoints"
+    )
+    force_stop(daemon, run_id)
+    # With checkpoint.dir set there is nothing to say.
+    quiet = gpuctl(*args[:-2], "--set", f"checkpoint.dir={out}", "--dry-run")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr

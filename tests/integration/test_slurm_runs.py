@@ -1,8 +1,8 @@
 """`gpuctl launch --slurm` on a real local Slurm (issue 12): the CPU DDP example across two
 slurmd nodes, in `gpuctl ps` with its step and loss; stop with a checkpoint and resume;
 the time-limit signal, checkpoint and requeue; a requeue by an admin; a failing script's
-cause; a job that waits with Slurm's reason, one Slurm is still configuring. No gpud
-daemon runs: state comes from Slurm and the run's files."""
+cause and a known one's hint; a job that waits with Slurm's reason, one Slurm is still
+configuring. No gpud daemon runs: state comes from Slurm and the run's files."""
 
 from __future__ import annotations
 
@@ -142,6 +142,25 @@ def test_a_failing_script_fails_with_its_cause(cluster: LocalSlurm, tmp_path: Pa
     row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"})
     assert row["state"] == "failed"
     assert "ValueError: bad shard 17" in row["reason"], row["reason"]
+
+
+def test_a_known_failure_under_slurm_has_its_hint(cluster: LocalSlurm, tmp_path: Path) -> None:
+    """Issue 24 §2: the hint names the interpreter the Slurm job ran the script with."""
+    script = tmp_path / "needs.py"
+    script.write_text("import gpud_hint_no_such_module\n")
+    spec = tmp_path / "needs.yaml"
+    spec.write_text(
+        f"name: needs\nlauncher: python\nworkdir: {tmp_path}\nscript: {script}\n"
+        "slurm: {nodes: 1}\n"
+    )
+    run_id, _ = submit(spec)
+    row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"})
+    assert row["state"] == "failed", row
+    assert row["cause"]["hint"].startswith(
+        f"{sys.executable} has no module 'gpud_hint_no_such_module'"
+    ), row["cause"]
+    text = gpuctl("status", run_id).stdout
+    assert f"  hint:    {row['cause']['hint']}" in text.splitlines(), text
 
 
 def test_a_job_that_must_wait_is_queued_with_slurms_reason(

@@ -123,3 +123,26 @@ async def test_a_failed_run_shows_its_cause_and_the_lines_around_it() -> None:
         runs = screen_text(gputop)
     row = next(line for line in runs.splitlines() if line.startswith(RUN))
     assert " user " in row, row  # the class where a live run shows its verdict
+
+
+@pytest.mark.asyncio
+async def test_a_failed_run_shows_the_hint_of_a_known_failure() -> None:
+    fleet = model(RunState.FAILED, "rank 0 on node n1: AttributeError: … (environment, …)")
+    cause = FailureCause(
+        kind=CauseKind.ENVIRONMENT,
+        summary="AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",
+        rank=0,
+        node="n1",
+        attempt=1,
+        source="traceback",
+        hint="the torch in /srv/venv/bin/python is a CPU build and the script uses CUDA",
+    )
+    summary = fleet.runs[RUN].summary.model_copy(update={"cause": cause})
+    fleet.apply_event(NODE, scenes.event(f"run.{RUN}.state", summary))
+    text = await run_screen(fleet)
+    # The panel is the right-hand column; it wraps a long line where it must.
+    panel = " ".join(line.split("▏", 1)[1].strip() for line in text.splitlines() if "▏" in line)
+    assert "FAILED  environment" in panel, text
+    hint = "hint: the torch in /srv/venv/bin/python is a CPU build and the script uses CUDA"
+    assert hint in panel, text
+    assert panel.index("from the traceback") < panel.index(hint), text  # below the cause

@@ -35,6 +35,8 @@ def ending_text(ending: Ending) -> Text:
             text.append(f"\n│ {line}", style="dim")
         for finding in cause.flight_recorder:
             text.append(f"\nflight recorder: {finding}", style="yellow")
+        if cause.hint:
+            text.append(f"\nhint: {cause.hint}", style="bold cyan")
     elif ending.reason and ending.state is not RunState.SUCCEEDED:
         text.append(f"\n{ending.reason}", style=style)
     text.append("\nthe run ended: no live health", style="dim")

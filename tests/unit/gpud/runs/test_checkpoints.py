@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpud.runs import checkpoints
-from gpud.runs.checkpoints import newest_checkpoint
+from gpud.runs.checkpoints import newest_checkpoint, unset_dir_warning
+from launch.spec import RunSpec, parse_spec
 
 
 def _touch(path: Path, mtime: float) -> None:
@@ -52,3 +53,27 @@ def test_a_slow_search_stops_at_its_time_budget(tmp_path: Path) -> None:
     )  # every look at the clock is a second later: the 2 s budget ends the search early
     assert note is not None and "looked at the first 2 matches" in note
     assert path is not None
+
+
+def spec(**changes: object) -> RunSpec:
+    body: dict[str, object] = {"name": "nano", "script": "train.py", **changes}
+    return parse_spec(body)
+
+
+def test_resume_args_without_a_checkpoint_dir_is_said_in_one_line() -> None:
+    asks = spec(resume={"args": ["--init_from=resume"]})
+    assert unset_dir_warning(asks, "/var/lib/gpud/runs/r/checkpoints") == (
+        "resume.args is set but checkpoint.dir is not: gpud will look in"
+        " /var/lib/gpud/runs/r/checkpoints; set checkpoint.dir to where the script writes its"
+        " checkpoints"
+    )
+    assert "gpud looked in /x;" in (unset_dir_warning(asks, "/x", looked=True) or "")
+    # Nothing to say: no resume.args, a checkpoint.dir, checkpoints the trainer reports, or
+    # a pattern that names its own dir.
+    for fine in (
+        spec(),
+        spec(resume={"args": ["--resume"]}, checkpoint={"dir": "/out"}),
+        spec(resume={"args": ["--resume"], "latest": "reported"}),
+        spec(resume={"args": ["--resume"], "pattern": "/out/ckpt.pt"}),
+    ):
+        assert unset_dir_warning(fine, "/x") is None

@@ -153,6 +153,41 @@ def test_restarts_only_for_the_kinds_in_restart_on() -> None:
     assert at(50.0, run(RunState.STOPPING), ended, everything, cause=user).state is RunState.PENDING
 
 
+def test_an_environment_failure_is_not_restarted_by_default_and_keeps_its_hint() -> None:
+    ended = parts(RunState.FAILED, RunState.STOPPED, RunState.STOPPED, seen=50.0)
+    policy = RestartPolicy(max_attempts=2, backoff_s=1.0)
+    no_nccl = FailureCause(
+        kind=CauseKind.ENVIRONMENT,
+        summary="RuntimeError: Distributed package doesn't have NCCL built in",
+        rank=0,
+    )
+    views = {**ended, 0: ended[0].model_copy(update={"cause": no_nccl})}
+    decision = at(50.0, run(RunState.STOPPING), views, policy)
+    assert decision.state is RunState.FAILED
+    assert (decision.reason or "").endswith("; not restarted: environment is not in restart.on")
+    # A cause its node sent without a hint (an older peer) gets one on node 0.
+    assert decision.cause is not None and "built without NCCL" in (decision.cause.hint or "")
+
+
+def test_the_nccl_hint_names_the_findings_of_every_part() -> None:
+    ended = parts(RunState.FAILED, RunState.FAILED, RunState.STOPPED, seen=50.0)
+    timeout = FailureCause(
+        kind=CauseKind.NCCL,
+        summary="[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)",
+        rank=0,
+        hint="written on node 0 before the other parts' dumps were read",
+    )
+    found = "collective #9 (all_reduce) never entered by rank 5 at train.py:80"
+    views = {
+        **ended,
+        0: ended[0].model_copy(update={"cause": timeout}),
+        1: ended[1].model_copy(update={"flight_recorder": [found]}),
+    }
+    decision = at(50.0, run(RunState.STOPPING), views)
+    assert decision.cause is not None and decision.cause.flight_recorder == [found]
+    assert f"the flight recorder found: {found}" in (decision.cause.hint or "")
+
+
 def test_the_same_error_at_the_same_step_twice_stops_the_retries() -> None:
     ended = parts(RunState.FAILED, RunState.STOPPED, RunState.STOPPED, seen=50.0)
     policy = RestartPolicy(max_attempts=5, backoff_s=1.0)
