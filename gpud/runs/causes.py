@@ -20,6 +20,7 @@ from pathlib import Path
 from gpud.hardware.events import XID_MEANINGS
 from gpud.runmodel import ECHO_KINDS, CauseKind, ExitInfo, FailureCause
 from gpud.runs.logparse import RootCause, failures, root_cause, split_rank
+from gpud.runs.shim import ROOM_BYTES, free_bytes
 from gpud.snapshot import GpuSample
 
 #: How many log lines a cause keeps around the line that matters.
@@ -44,9 +45,18 @@ COLLECTIVE_TIMEOUT = re.compile(
     r"collective operation timeout|Watchdog caught collective operation", re.I
 )
 
+#: What a full disk says: errno's words and numbers, SQLite's, the trainers library's.
+DISK_FULL = re.compile(
+    r"No space left on|ENOSPC|\[Errno 28\]|Disk quota exceeded|EDQUOT|\[Errno 122\]"
+    r"|database or disk is full",
+    re.I,
+)
+
 #: The one table: a line (or an exception message) matching a pattern has that kind. The
-#: first match wins, so the specific come before the general.
+#: first match wins, so the specific come before the general. A full disk is a problem of
+#: the node, not of the code (`hardware` until causes have an `environment` kind).
 PATTERNS: tuple[FailurePattern, ...] = (
+    FailurePattern(CauseKind.HARDWARE, DISK_FULL, "a disk is full"),
     FailurePattern(
         CauseKind.OOM,
         re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
@@ -215,6 +225,18 @@ def known_line(text: str) -> tuple[CauseKind, str, list[str]] | None:
         if kind is not None:
             return kind, _cut(line), lines[max(0, i - CONTEXT_LINES + 1) : i + 1]
     return None
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def full_disk(path: Path, what: str) -> str | None:
+    """`what` (e.g. "the state dir /var/lib/gpud") is full: one line, or None while its
+    disk has room (less than the shim's ROOM_BYTES counts as full)."""
+    free = free_bytes(str(path))
+    if free is None or free >= ROOM_BYTES:
+        return None
+    return f"{what} is full (ENOSPC: {free / 1e6:.1f} MB free)"
 
 
 # --------------------------------------------------------------------------- OOM killer
