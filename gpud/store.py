@@ -130,6 +130,8 @@ class Store:
         self._full_error = ""
         self._last_retry = 0.0
         self._last_report = 0.0
+        self._announced_at: float | None = None  # when "is full" was last logged
+        self._announced = False  # this episode was: its end is logged too
         self._failed_retries = 0
 
     # ------------------------------------------------------------------ a full disk
@@ -176,9 +178,16 @@ class Store:
     def _refused(self, exc: sqlite3.Error) -> None:
         if self._full_since is not None:
             return
+        now = self._clock()
         self._full_since = time.time()
         self._full_error = str(exc)
-        self._last_retry = self._last_report = self._clock()
+        self._last_retry = now
+        # SQLite may find room again in pages it holds while the disk stays full: a disk
+        # that fills again within REPORT_S is not announced again.
+        if self._announced_at is not None and now - self._announced_at < REPORT_S:
+            return
+        self._announced_at = self._last_report = now
+        self._announced = True
         log.warning(
             "the state dir %s is full (%s): gpud keeps what it cannot write in memory and"
             " tries again every %gs",
@@ -189,6 +198,9 @@ class Store:
         since = self._full_since or time.time()
         self._full_since = None
         self._failed_retries = 0
+        if not self._announced:
+            return
+        self._announced = False
         dropped, self._backlog.dropped_events = self._backlog.dropped_events, 0
         log.warning(
             "the state dir %s has room again after %.0fs: wrote %d waiting write(s)%s",

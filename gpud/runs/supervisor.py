@@ -61,7 +61,7 @@ from gpud.runmodel import (
     gpus_text,
     new_run_id,
 )
-from gpud.runs import flight, gang
+from gpud.runs import causes, flight, gang
 from gpud.runs.aftermath import blame_hardware, check_nothing_left
 from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.book import Publish, RunBook, check_coordinator
@@ -313,9 +313,11 @@ class Supervisor:
 
     def _check_room(self) -> None:
         """Refuse what would start a run while the state dir has no room: its records
-        could not be kept (the store retries first)."""
+        could not be kept (the store retries first). SQLite may still find room in pages
+        it holds, so the disk's own free space counts too."""
         self.store.retry(force=True)
-        full = self.store.full
+        root = self.state.root
+        full = self.store.full or causes.full_disk(root, f"the state dir {root}")
         if full is not None:
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"{self.node}: {full}; free space there and try again"
