@@ -28,13 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainers.output import DISK_FULL
 from trainers.run import Run
 
 FORMAT = 1
 _STEP_NAME = re.compile(r"^step_(\d{8})(\.pt)?$")
 #: The temporary file of a save in progress (`save()` holds an flock on it while it writes).
 _TEMP_NAME = re.compile(r"^\.step_\d{8}\.pt\.tmp$")
-DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: What torch's zip writer says when a write under it came up short (the disk filled).
 _SHORT_WRITE = re.compile(r"unexpected pos|file write failed|PytorchStreamWriter failed")
 

@@ -12,7 +12,6 @@ it missed; a full disk only delays them (`Backfill`).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from trainers.output import DISK_FULL
 from trainers.wandb_mirror import WandbMirror
 
 #: Items the training thread may queue before the oldest are dropped.
@@ -74,7 +74,7 @@ class Backfill:
             try:
                 written = os.write(self._fd, self._pending)
             except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                if exc.errno not in DISK_FULL:
                     raise
                 if self._full_at is None:
                     print(f"[gpud] {self.path}: {exc.strerror}; metrics wait in memory",

@@ -46,7 +46,7 @@ COLLECTIVE_TIMEOUT = re.compile(
 )
 
 #: What a full disk says: errno's words and numbers, SQLite's, the trainers library's.
-DISK_FULL = re.compile(
+DISK_FULL_LINE = re.compile(
     r"No space left on|ENOSPC|\[Errno 28\]|Disk quota exceeded|EDQUOT|\[Errno 122\]"
     r"|database or disk is full",
     re.I,
@@ -56,7 +56,7 @@ DISK_FULL = re.compile(
 #: first match wins, so the specific come before the general. A full disk is a problem of
 #: the node, not of the code (`hardware` until causes have an `environment` kind).
 PATTERNS: tuple[FailurePattern, ...] = (
-    FailurePattern(CauseKind.HARDWARE, DISK_FULL, "a disk is full"),
+    FailurePattern(CauseKind.HARDWARE, DISK_FULL_LINE, "a disk is full"),
     FailurePattern(
         CauseKind.OOM,
         re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
