@@ -100,6 +100,10 @@ class Backfill:
     def close(self) -> None:
         self.write(force=True)
         os.close(self._fd)
+        lost = self._pending.count(b"\n") + self.dropped_lines
+        if lost:
+            print(f"[gpud] {self.path}: {lost} metric line(s) never fit on its disk",
+                  file=sys.stderr)  # fmt: skip
 
 
 class GpudLink:

@@ -177,9 +177,11 @@ class OutputPump:
         self.thread.join(timeout)
 
     def _run(self) -> None:
+        poller = select.poll()  # not select(): a part runner's descriptors may pass 1024
+        poller.register(self._source, select.POLLIN | select.POLLHUP | select.POLLERR)
         while True:
             try:
-                ready, _, _ = select.select([self._source], [], [], RETRY_S)
+                ready = poller.poll(RETRY_S * 1000)
                 chunk = os.read(self._source, CHUNK) if ready else None
             except InterruptedError:
                 continue
@@ -392,6 +394,9 @@ def run(spec_path: Path, echo: Callable[[bytes], None] | None = None) -> int:
             status = raw
     leftovers = end_leftovers(me)
     pump.join(PUMP_JOIN_S)
+    if not pump.thread.is_alive():  # the Slurm part runner runs this in its own process
+        os.close(read_end)
+        os.close(log)
     exit_code = os.waitstatus_to_exitcode(status) if status is not None else None
     record_exit(
         exit_path,
