@@ -2,18 +2,25 @@
 
 Files use pyzmq's certificate format (`zmq.auth.load_certificate` reads them): `NAME.key`
 holds the public key, `NAME.key_secret` both keys and is readable by the owner only.
+
+A pair is created whole or not at all, by one process: under a lock, in a temporary dir
+beside it, renamed into place public key first, so `NAME.key_secret` existing means the
+pair is complete. Daemons started together on one config dir (one user's client key)
+therefore agree: the first creates it, the others wait for the lock and read it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 import zmq.auth
 
-from gpud.paths import config_dir, ensure_private_dir
+from gpud.paths import config_dir, ensure_private_dir, exclusive
 
 SERVER_KEY = "server"
 CLIENT_KEY = "client"
@@ -80,12 +87,28 @@ def load_or_create_keypair(directory: Path, name: str) -> tuple[KeyPair, bool]:
     if secret_path.exists():
         return load_keypair(directory, name), False
     ensure_private_dir(directory)
+    with exclusive(secret_path):
+        if secret_path.exists():  # another process created it while we waited
+            return load_keypair(directory, name), False
+        _create(directory, name)
+    return load_keypair(directory, name), True
+
+
+def _create(directory: Path, name: str) -> None:
+    """Write a new pair beside its place, then rename it in: public key, then secret."""
+    public_path, secret_path = _paths(directory, name)
     old_umask = os.umask(0o077)  # the secret must never be readable by others, not even briefly
     try:
-        zmq.auth.create_certificates(str(directory), name)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=directory))
+        try:
+            zmq.auth.create_certificates(str(staging), name)
+            new_public, new_secret = _paths(staging, name)
+            os.replace(new_public, public_path)
+            os.replace(new_secret, secret_path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     finally:
         os.umask(old_umask)
-    return load_keypair(directory, name), True
 
 
 def load_client_keypair() -> KeyPair | None:

@@ -232,6 +232,9 @@ class ExitInfo(Reading):
         False, description="a rank aborted at interpreter exit after training finished"
     )
     leftovers_killed: list[int] = Field(default_factory=list)
+    output_dropped_bytes: int = Field(
+        0, description="output the shim could not write to the log: its disk was full"
+    )
     cause: FailureCause | None = Field(None, description="why it failed, when it did")
     flight_recorder: list[str] = Field(
         default_factory=list, description="the analyzer's findings in this part's dumps"

@@ -2,17 +2,35 @@
 
 Writes happen on the daemon's event-loop thread only. Rows are read back tolerantly into
 the same models they were written from, so an older row never breaks a newer daemon.
+
+A full disk never makes a write raise (except a lease's, which must be on disk before
+anything starts: `StoreFull`): what SQLite refuses waits in memory (`gpud.backlog`), the
+reads see it, and `retry()` writes it once there is room. The log says so once when the
+disk fills, once a minute while it stays full, and once when it has room again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from gpud.backlog import Backlog, GpuRelease, PortLease, PortRelease, cannot_write
 from gpud.runmodel import ACTIVE, AttemptRecord, MetricPoint, RunEvent, RunRecord
 from gpud.snapshot import NodeEvent
+
+log = logging.getLogger("gpud.store")
+
+#: While writes wait, how often they are tried again.
+RETRY_S = 1.0
+#: While the disk stays full, how often the log says so.
+REPORT_S = 60.0
+#: Metric points per transaction when the backlog is written.
+FLUSH_BATCH = 5_000
 
 #: Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
 MIGRATIONS: tuple[str, ...] = (
@@ -94,14 +112,167 @@ class LeaseConflict(Exception):
     """A GPU asked for is leased already: nothing of the request was leased."""
 
 
+class StoreFull(Exception):
+    """The state dir's disk has no room for a write that cannot wait (a lease)."""
+
+
 class Store:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
+        self._clock = clock
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._migrate()
+        self._backlog = Backlog()
+        self._full_since: float | None = None  # wall time of the first refused write
+        self._full_error = ""
+        self._last_retry = 0.0
+        self._last_report = 0.0
+        self._announced_at: float | None = None  # when "is full" was last logged
+        self._announced = False  # this episode was: its end is logged too
+        self._failed_retries = 0
+
+    # ------------------------------------------------------------------ a full disk
+
+    @property
+    def full(self) -> str | None:
+        """Why writes wait (the disk has no room), in one line; None while they do not."""
+        if self._full_since is None:
+            return None
+        waiting = len(self._backlog)
+        return f"the state dir {self.path.parent} is full ({self._full_error})" + (
+            f"; {waiting} write(s) wait in memory" if waiting else ""
+        )
+
+    @property
+    def waiting(self) -> int:
+        """Writes that wait in memory for room on the disk."""
+        return len(self._backlog)
+
+    def take_metrics_lost(self) -> set[str]:
+        """Runs whose waiting metrics were dropped (memory is bounded too): their
+        metrics.jsonl must be read again from the start (inserts are idempotent)."""
+        lost, self._backlog.metrics_lost = self._backlog.metrics_lost, set()
+        return lost
+
+    def _now_or_later(self, write: Callable[[], object]) -> bool:
+        """Run `write` now, unless earlier writes still wait (order is kept) or the disk
+        refuses it; False: the caller keeps it in the backlog."""
+        if self._backlog:
+            self.retry()
+            if self._backlog:
+                return False
+        try:
+            write()
+        except sqlite3.OperationalError as exc:
+            if not cannot_write(exc):
+                raise
+            self._refused(exc)
+            return False
+        if self._full_since is not None:
+            self._recovered(0)
+        return True
+
+    def _refused(self, exc: sqlite3.Error) -> None:
+        if self._full_since is not None:
+            return
+        now = self._clock()
+        self._full_since = time.time()
+        self._full_error = str(exc)
+        self._last_retry = now
+        # SQLite may find room again in pages it holds while the disk stays full: a disk
+        # that fills again within REPORT_S is not announced again.
+        if self._announced_at is not None and now - self._announced_at < REPORT_S:
+            return
+        self._announced_at = self._last_report = now
+        self._announced = True
+        log.warning(
+            "the state dir %s is full (%s): gpud keeps what it cannot write in memory and"
+            " tries again every %gs",
+            self.path.parent, exc, RETRY_S,
+        )  # fmt: skip
+
+    def _recovered(self, written: int) -> None:
+        since = self._full_since or time.time()
+        self._full_since = None
+        self._failed_retries = 0
+        if not self._announced:
+            return
+        self._announced = False
+        dropped, self._backlog.dropped_events = self._backlog.dropped_events, 0
+        log.warning(
+            "the state dir %s has room again after %.0fs: wrote %d waiting write(s)%s",
+            self.path.parent, time.time() - since, written,
+            f"; {dropped} event(s) did not fit in memory and are lost" if dropped else "",
+        )  # fmt: skip
+
+    def retry(self, force: bool = False) -> None:
+        """Write what waits, if anything does (at most every RETRY_S unless `force`)."""
+        if not self._backlog:
+            return
+        now = self._clock()
+        if not force and now - self._last_retry < RETRY_S:
+            return
+        self._last_retry = now
+        before = len(self._backlog)
+        try:
+            self._flush()
+        except sqlite3.OperationalError as exc:
+            if not cannot_write(exc):
+                raise
+            self._failed_retries += 1
+            if now - self._last_report >= REPORT_S:
+                self._last_report = now
+                log.warning(
+                    "the state dir %s is still full: %d write(s) wait in memory"
+                    " (%d retries failed; %d event(s) dropped for want of memory)",
+                    self.path.parent, len(self._backlog), self._failed_retries,
+                    self._backlog.dropped_events,
+                )  # fmt: skip
+            return
+        self._recovered(before)
+
+    def _flush(self) -> None:
+        """Write the backlog, a transaction per kind (metrics in batches); what is written
+        leaves it, so a refusal half-way loses nothing and repeats nothing."""
+        b = self._backlog
+        if b.runs:
+            with self._db:
+                self._db.execute("BEGIN")
+                for run in b.runs.values():
+                    self._put_run(run)
+            b.runs.clear()
+        if b.attempts:
+            with self._db:
+                self._db.execute("BEGIN")
+                for attempt in b.attempts.values():
+                    self._put_attempt(attempt)
+            b.attempts.clear()
+        if b.run_events:
+            with self._db:
+                self._db.execute("BEGIN")
+                for event in b.run_events:
+                    self._add_run_event(event)
+            b.run_events.clear()
+        if b.node_events:
+            self._add_node_events(list(b.node_events))
+            b.node_events.clear()
+        while b.leases:
+            change = b.leases[0]
+            if isinstance(change, PortLease):
+                self._lease_port(change.port, change.run_id, change.attempt, change.leased_at)
+            elif isinstance(change, PortRelease):
+                self._release_ports(change.run_id)
+            else:
+                self._release_gpus(change.run_id, change.attempt)
+            b.leases.pop(0)
+        while b.metrics:
+            batch = [b.metrics[i] for i in range(min(FLUSH_BATCH, len(b.metrics)))]
+            self._add_metrics(batch)
+            for _ in batch:
+                b.metrics.popleft()
 
     def _migrate(self) -> None:
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
@@ -116,6 +287,10 @@ class Store:
                 self._db.execute(f"PRAGMA user_version = {number + 1}")
 
     def add_node_events(self, events: list[NodeEvent]) -> None:
+        if events and not self._now_or_later(lambda: self._add_node_events(events)):
+            self._backlog.add_node_events(events)
+
+    def _add_node_events(self, events: list[NodeEvent]) -> None:
         if not events:
             return
         with self._db:
@@ -132,11 +307,17 @@ class Store:
             "SELECT body FROM node_events WHERE time > ? ORDER BY id DESC LIMIT ?",
             (since if since is not None else float("-inf"), limit),
         ).fetchall()
-        return [NodeEvent.model_validate(json.loads(body)) for (body,) in reversed(rows)]
+        stored = [NodeEvent.model_validate(json.loads(body)) for (body,) in reversed(rows)]
+        waiting = [e for e in self._backlog.node_events if since is None or e.time > since]
+        return (stored + waiting)[-limit:] if waiting else stored
 
     # ------------------------------------------------------------------ runs
 
     def put_run(self, run: RunRecord) -> None:
+        if not self._now_or_later(lambda: self._put_run(run)):
+            self._backlog.runs[run.id] = run
+
+    def _put_run(self, run: RunRecord) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO runs (id, name, created_at, state, body)"
             " VALUES (?, ?, ?, ?, ?)",
@@ -144,6 +325,8 @@ class Store:
         )
 
     def run(self, run_id: str) -> RunRecord | None:
+        if run_id in self._backlog.runs:
+            return self._backlog.runs[run_id]
         row = self._db.execute("SELECT body FROM runs WHERE id = ?", (run_id,)).fetchone()
         return RunRecord.model_validate_json(row[0]) if row else None
 
@@ -160,9 +343,19 @@ class Store:
             rows = self._db.execute(
                 "SELECT body FROM runs ORDER BY created_at DESC LIMIT ?", (limit,)
             ).fetchall()
-        return [RunRecord.model_validate_json(body) for (body,) in rows]
+        stored = [RunRecord.model_validate_json(body) for (body,) in rows]
+        if not self._backlog.runs:
+            return stored
+        merged = self._backlog.over_runs(stored)
+        if active_only:
+            merged = [run for run in merged if run.state in ACTIVE]
+        return sorted(merged, key=lambda run: run.created_at, reverse=True)[:limit]
 
     def put_attempt(self, attempt: AttemptRecord) -> None:
+        if not self._now_or_later(lambda: self._put_attempt(attempt)):
+            self._backlog.attempts[(attempt.run_id, attempt.attempt)] = attempt
+
+    def _put_attempt(self, attempt: AttemptRecord) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO attempts (run_id, attempt, state, body) VALUES (?, ?, ?, ?)",
             (attempt.run_id, attempt.attempt, attempt.state.value, attempt.model_dump_json()),
@@ -172,16 +365,26 @@ class Store:
         rows = self._db.execute(
             "SELECT body FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,)
         ).fetchall()
-        return [AttemptRecord.model_validate_json(body) for (body,) in rows]
+        stored = [AttemptRecord.model_validate_json(body) for (body,) in rows]
+        if not self._backlog.attempts:
+            return stored
+        return [a for a in self._backlog.over_attempts(stored) if a.run_id == run_id]
 
     def active_attempts(self) -> list[AttemptRecord]:
         active = tuple(s.value for s in ACTIVE)
         rows = self._db.execute(
             f"SELECT body FROM attempts WHERE state IN ({_marks(active)})", active
         ).fetchall()
-        return [AttemptRecord.model_validate_json(body) for (body,) in rows]
+        stored = [AttemptRecord.model_validate_json(body) for (body,) in rows]
+        if not self._backlog.attempts:
+            return stored
+        return [a for a in self._backlog.over_attempts(stored) if a.state in ACTIVE]
 
-    def add_run_event(self, event: RunEvent) -> int:
+    def add_run_event(self, event: RunEvent) -> None:
+        if not self._now_or_later(lambda: self._add_run_event(event)):
+            self._backlog.add_run_events([event])
+
+    def _add_run_event(self, event: RunEvent) -> int:
         cursor = self._db.execute(
             "INSERT INTO run_events (run_id, time, kind, body) VALUES (?, ?, ?, ?)",
             (event.run_id, event.time, event.kind, event.model_dump_json()),
@@ -194,12 +397,18 @@ class Store:
             "SELECT body FROM run_events WHERE run_id = ? ORDER BY id DESC LIMIT ?",
             (run_id, limit),
         ).fetchall()
-        return [RunEvent.model_validate_json(body) for (body,) in reversed(rows)]
+        stored = [RunEvent.model_validate_json(body) for (body,) in reversed(rows)]
+        waiting = [e for e in self._backlog.run_events if e.run_id == run_id]
+        return (stored + waiting)[-limit:] if waiting else stored
 
     # ------------------------------------------------------------------ metrics
 
-    def add_metrics(self, points: list[MetricPoint]) -> int:
-        """Insert points; a (run, attempt, step, name) already stored is kept. Returns rows."""
+    def add_metrics(self, points: list[MetricPoint]) -> None:
+        """Insert points; a (run, attempt, step, name) already stored is kept."""
+        if points and not self._now_or_later(lambda: self._add_metrics(points)):
+            self._backlog.add_metrics(points)
+
+    def _add_metrics(self, points: list[MetricPoint]) -> int:
         rows = [
             (p.run_id, p.attempt, p.step, p.time, name, value)
             for p in points
@@ -233,10 +442,34 @@ class Store:
                 " AND name = ? ORDER BY attempt, step LIMIT ?",
                 (run_id, name, limit),
             ).fetchall()
-        return [(int(a), int(s), float(t), str(n), float(v)) for a, s, t, n, v in rows]
+        found = [(int(a), int(s), float(t), str(n), float(v)) for a, s, t, n, v in rows]
+        waiting = [
+            (p.attempt, p.step, p.time, key, value)
+            for p in self._backlog.metrics
+            if p.run_id == run_id
+            for key, value in p.values.items()
+            if name is None or key == name
+        ]
+        if not waiting:
+            return found
+        merged = {(a, s, n): (a, s, t, n, v) for a, s, t, n, v in waiting}
+        merged.update({(a, s, n): (a, s, t, n, v) for a, s, t, n, v in found})
+        return sorted(merged.values(), key=lambda row: (row[0], row[1], row[3]))[:limit]
 
     def latest_metrics(self, run_id: str) -> tuple[int, dict[str, float]] | None:
         """The newest step of a run and its values."""
+        stored = self._latest_stored(run_id)
+        waiting = [p for p in self._backlog.metrics if p.run_id == run_id]
+        if not waiting:
+            return stored
+        newest = max(waiting, key=lambda p: (p.attempt, p.step))
+        if stored is not None and stored[0] > newest.step:
+            return stored
+        values = {k: v for p in waiting if (p.attempt, p.step) == (newest.attempt, newest.step)
+                  for k, v in p.values.items()}  # fmt: skip
+        return newest.step, values
+
+    def _latest_stored(self, run_id: str) -> tuple[int, dict[str, float]] | None:
         row = self._db.execute(
             "SELECT attempt, step FROM metrics WHERE run_id = ? ORDER BY attempt DESC, step DESC"
             " LIMIT 1",
@@ -253,9 +486,14 @@ class Store:
     # ------------------------------------------------------------------ port leases
 
     def leased_ports(self) -> set[int]:
-        return {int(p) for (p,) in self._db.execute("SELECT port FROM port_leases").fetchall()}
+        rows = self._db.execute("SELECT port, run_id FROM port_leases").fetchall()
+        return self._backlog.over_ports({int(p): str(r) for p, r in rows})
 
     def lease_port(self, port: int, run_id: str, attempt: int, now: float) -> None:
+        if not self._now_or_later(lambda: self._lease_port(port, run_id, attempt, now)):
+            self._backlog.leases.append(PortLease(port, run_id, attempt, now))
+
+    def _lease_port(self, port: int, run_id: str, attempt: int, now: float) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO port_leases (port, run_id, attempt, leased_at)"
             " VALUES (?, ?, ?, ?)",
@@ -263,6 +501,10 @@ class Store:
         )
 
     def release_ports(self, run_id: str) -> None:
+        if not self._now_or_later(lambda: self._release_ports(run_id)):
+            self._backlog.leases.append(PortRelease(run_id))
+
+    def _release_ports(self, run_id: str) -> None:
         self._db.execute("DELETE FROM port_leases WHERE run_id = ?", (run_id,))
 
     # ------------------------------------------------------------------ GPU leases
@@ -271,14 +513,20 @@ class Store:
         rows = self._db.execute(
             "SELECT uuid, gpu_index, run_id, attempt, leased_at FROM gpu_leases ORDER BY gpu_index"
         ).fetchall()
-        return [GpuLease(str(u), int(i), str(r), int(a), float(t)) for u, i, r, a, t in rows]
+        leases = [GpuLease(str(u), int(i), str(r), int(a), float(t)) for u, i, r, a, t in rows]
+        return [x for x in leases if not self._backlog.released_gpus(x.run_id, x.attempt)]
 
     def lease_gpus(
         self, run_id: str, attempt: int, gpus: list[tuple[int, str]], now: float
     ) -> None:
         """Lease every GPU in `gpus` (index, uuid) to the attempt, or none of them: a GPU
         leased already raises LeaseConflict (the UUID is the table's key, so no GPU is ever
-        leased twice, whoever asks)."""
+        leased twice, whoever asks). A lease is on disk before anything starts under it:
+        with no room, StoreFull."""
+        if self._backlog:
+            self.retry(force=True)
+        if self._backlog:
+            raise StoreFull(f"{self.full}: no GPUs are leased until there is room")
         try:
             with self._db:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -289,8 +537,17 @@ class Store:
                 )
         except sqlite3.IntegrityError:
             raise LeaseConflict(f"a GPU of {[i for i, _ in gpus]} is leased already") from None
+        except sqlite3.OperationalError as exc:
+            if not cannot_write(exc):
+                raise
+            self._refused(exc)
+            raise StoreFull(f"{self.full}: no GPUs are leased until there is room") from None
 
     def release_gpus(self, run_id: str, attempt: int | None = None) -> None:
+        if not self._now_or_later(lambda: self._release_gpus(run_id, attempt)):
+            self._backlog.leases.append(GpuRelease(run_id, attempt))
+
+    def _release_gpus(self, run_id: str, attempt: int | None) -> None:
         if attempt is None:
             self._db.execute("DELETE FROM gpu_leases WHERE run_id = ?", (run_id,))
         else:

@@ -36,12 +36,19 @@ def record(path: str, exc: BaseException, step: int | None = None) -> None:
     if step is not None:
         extra["gpud_step"] = step
     data = {"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}
+    # Whole or not at all: torchrun's agent reads the file and dies on a torn one (a full
+    # disk), where it would report the rank's exit code without one.
+    tmp = f"{path}.tmp"
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as f:
+        with open(tmp, "w") as f:
             json.dump(data, f)
+        os.replace(tmp, path)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def install(path: str, step: Callable[[], int | None] = lambda: None) -> None:

@@ -7,7 +7,7 @@ daemon's trainer-control PUB): stop requests for this run. The training thread o
 appends to a bounded deque, so it never blocks and never touches zmq; when the queue is
 full, or gpud is down (the PUSH socket has no live peer), messages are dropped and counted.
 Rank 0's metrics also go to `<run-dir>/metrics.jsonl`, from which gpud backfills whatever
-it missed.
+it missed; a full disk only delays them (`Backfill`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import json
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
+from trainers.output import DISK_FULL
 from trainers.wandb_mirror import WandbMirror
 
 #: Items the training thread may queue before the oldest are dropped.
@@ -31,7 +33,77 @@ IDLE_WAIT_S = 0.02
 #: How long the thread waits for gpud's ingest at start before sending anyway (dropping).
 CONNECT_WAIT_MS = 2000
 
+#: How much of metrics.jsonl may wait in memory while its disk is full (the oldest whole
+#: lines go first past that).
+BACKFILL_PENDING_BYTES = 32 << 20
+#: While the disk is full, how often a write is tried again.
+BACKFILL_RETRY_S = 1.0
+
 Item = tuple[str, dict[str, Any]]
+
+
+class Backfill:
+    """Rank 0's `metrics.jsonl`: whole lines appended through one descriptor.
+
+    A disk with no room (ENOSPC, EDQUOT) stops nothing: the lines wait in memory (up to
+    BACKFILL_PENDING_BYTES, the oldest whole lines dropped and counted past that) and are
+    written, from the exact byte where the disk stopped, once it has room. So the file
+    never holds a torn line and gpud, which reads it again, loses only what was dropped."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._pending = bytearray()
+        self._started = False  # the first pending line is partly written already
+        self._full_at: float | None = None
+        self.dropped_lines = 0
+
+    def append(self, lines: list[str]) -> None:
+        self._pending += ("\n".join(lines) + "\n").encode()
+        over = len(self._pending) - BACKFILL_PENDING_BYTES
+        if over > 0:
+            self._drop(over)
+        self.write()
+
+    def write(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._full_at is not None and not force and now - self._full_at < BACKFILL_RETRY_S:
+            return
+        while self._pending:
+            try:
+                written = os.write(self._fd, self._pending)
+            except OSError as exc:
+                if exc.errno not in DISK_FULL:
+                    raise
+                if self._full_at is None:
+                    print(f"[gpud] {self.path}: {exc.strerror}; metrics wait in memory",
+                          file=sys.stderr)  # fmt: skip
+                self._full_at = now
+                return
+            if written:
+                self._started = self._pending[written - 1] != ord("\n")
+            del self._pending[:written]
+        self._full_at = None
+
+    def _drop(self, at_least: int) -> None:
+        """Drop the oldest whole lines (never the one partly written already)."""
+        keep_from = self._pending.find(b"\n") + 1 if self._started else 0
+        cut = self._pending.find(b"\n", keep_from + at_least - 1)
+        cut = len(self._pending) if cut == -1 else cut + 1
+        self.dropped_lines += self._pending.count(b"\n", keep_from, cut)
+        del self._pending[keep_from:cut]
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        self.write(force=True)
+        os.close(self._fd)
+        lost = self._pending.count(b"\n") + self.dropped_lines
+        if lost:
+            print(f"[gpud] {self.path}: {lost} metric line(s) never fit on its disk",
+                  file=sys.stderr)  # fmt: skip
 
 
 class GpudLink:
@@ -135,11 +207,10 @@ class GpudLink:
             ctx.destroy(linger=500)
 
     @staticmethod
-    def _open_jsonl(path: str) -> Any:
+    def _open_jsonl(path: str) -> Backfill | None:
         """The backfill file; without it metrics still flow to gpud, so carry on."""
         try:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            return open(path, "a", buffering=1 << 16)
+            return Backfill(path)
         except OSError as exc:
             print(
                 f"[gpud] cannot write {path} ({exc}); metrics are not backfillable", file=sys.stderr
@@ -160,7 +231,7 @@ class GpudLink:
             elif message.get("kind") == "dump" and self._on_dump is not None:
                 self._on_dump()
 
-    def _flush(self, push: zmq.Socket[bytes] | None, jsonl: Any) -> None:
+    def _flush(self, push: zmq.Socket[bytes] | None, jsonl: Backfill | None) -> None:
         lines = []
         metrics = []
         while self.queue:
@@ -177,8 +248,10 @@ class GpudLink:
                 self.sent += 1
             except zmq.Again:
                 self.dropped_send += 1
-        if lines:
-            jsonl.write("\n".join(lines) + "\n")
-            jsonl.flush()
+        if jsonl is not None:
+            if lines:
+                jsonl.append(lines)
+            else:
+                jsonl.write()  # lines a full disk held back
         if self._mirror is not None:
             self._mirror.log(metrics)

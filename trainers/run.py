@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from trainers import errors
+from trainers import errors, output
 from trainers.env import Hints, RunEnv
 from trainers.hooks import TestHooks
 from trainers.link import QUEUE_CAPACITY, GpudLink, Item
@@ -71,6 +71,7 @@ class Run:
     def _start_link(self) -> None:
         env = self.env
         assert env.run_id is not None
+        output.guard()  # torchrun's --tee files live on the state dir, which may fill
         error_file = errors.error_file(os.environ, self.rank)
         if error_file is not None:
             errors.install(error_file, step=lambda: self._pulse.step)

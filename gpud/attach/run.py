@@ -23,18 +23,18 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from gpud.attach.client import AttachLink, failed_end, socket_path
 from gpud.attach.wire import AttachRequest, EndReport, Scheduler
 from gpud.patterns.engine import PatternError, compile_pattern
 from gpud.patterns.tail import MetricsTail
 from gpud.runmodel import ExitInfo, RunState, new_run_id
+from gpud.runs.shim import PUMP_JOIN_S, OutputPump
 from trainers.placement import placement_from
 
 TOKEN_ENV = "GPUD_INGEST_TOKEN"
@@ -178,17 +178,19 @@ def child_env(
     return out
 
 
-def _tee(source: IO[bytes], log: IO[bytes], tail: bytearray) -> None:
-    """The command's output to ours (kubectl logs, a terminal) and to the attempt's log."""
+def _echo(tail: bytearray) -> Callable[[bytes], None]:
+    """The command's output to ours (kubectl logs, a terminal), its end kept for the cause;
+    the shim's pump writes it to the attempt's log, a full disk or not."""
     out = sys.stdout.buffer
-    for chunk in iter(lambda: source.read1(65536), b""):  # type: ignore[attr-defined]
+
+    def echo(chunk: bytes) -> None:
         with contextlib.suppress(OSError):
             out.write(chunk)
             out.flush()
-        log.write(chunk)
-        log.flush()
         tail.extend(chunk)
         del tail[:-TAIL_BYTES]
+
+    return echo
 
 
 def end_report(info: PartInfo, code: int, stopping: bool, tail: str) -> EndReport:
@@ -251,11 +253,12 @@ def run(
         if info.node_rank == 0
         else None
     )  # fmt: skip
-    with open(log_path, "ab") as log:
-        tee = threading.Thread(target=_tee, args=(child.stdout, log, tail), daemon=True)
-        tee.start()
-        code = child.wait()
-        tee.join(5.0)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    pump = OutputPump(child.stdout.fileno(), log, str(log_path), _echo(tail)).start()
+    code = child.wait()
+    pump.join(PUMP_JOIN_S)
+    if not pump.thread.is_alive():
+        os.close(log)
     if metrics is not None:
         metrics.close()
     if link is not None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from gpud.hardware.events import XID_MEANINGS
 from gpud.runmodel import ECHO_KINDS, CauseKind, ExitInfo, FailureCause
 from gpud.runs.logparse import RootCause, failures, root_cause, split_rank
+from gpud.runs.shim import ROOM_BYTES, free_bytes
 from gpud.snapshot import GpuSample
 
 #: How many log lines a cause keeps around the line that matters.
@@ -51,6 +52,15 @@ COLLECTIVE_TIMEOUT = re.compile(
 EXIT_BARRIER_MARKS = ("in _exit_barrier", "Waiting 300 seconds for other agents to finish")
 
 # The known signatures, by name: gpud.runs.hints says what to do about each.
+#: What a full disk says: errno's words and numbers, SQLite's, the trainers library's.
+DISK_FULL_LINE = re.compile(
+    r"No space left on|ENOSPC|\[Errno 28\]|Disk quota exceeded|EDQUOT|\[Errno 122\]"
+    r"|database or disk is full",
+    re.I,
+)
+DISK_FULL = FailurePattern(
+    CauseKind.ENVIRONMENT, DISK_FULL_LINE, "a disk is full: the node, not the code"
+)
 NO_NCCL = FailurePattern(
     CauseKind.ENVIRONMENT,
     re.compile(
@@ -117,6 +127,7 @@ NO_PERMISSION = FailurePattern(
 #: first match wins, so the specific come before the general (an environment that has no
 #: NCCL before NCCL's own errors; a network error before a missing file it may mention).
 PATTERNS: tuple[FailurePattern, ...] = (
+    DISK_FULL,
     NO_NCCL,
     CPU_TORCH,
     CUDA_DRIVER,
@@ -273,6 +284,18 @@ def known_line(text: str, local_rank: int | None = None) -> tuple[CauseKind, str
         if kind is not None:
             return kind, _cut(line), lines[max(0, i - CONTEXT_LINES + 1) : i + 1]
     return None
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def full_disk(path: Path, what: str) -> str | None:
+    """`what` (e.g. "the state dir /var/lib/gpud") is full: one line, or None while its
+    disk has room (less than the shim's ROOM_BYTES counts as full)."""
+    free = free_bytes(str(path))
+    if free is None or free >= ROOM_BYTES:
+        return None
+    return f"{what} is full (ENOSPC: {free / 1e6:.1f} MB free)"
 
 
 # --------------------------------------------------------------------------- OOM killer

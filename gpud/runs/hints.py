@@ -31,6 +31,7 @@ from gpud.runs.causes import (
     CUDA_DRIVER,
     CUDA_OOM,
     DEVICE_ASSERT,
+    DISK_FULL,
     FILE_MISSING,
     MODULE_MISSING,
     NCCL_ERROR,
@@ -253,6 +254,20 @@ def _path(f: Found, raw: str) -> str:
     return raw
 
 
+def _disk_full(f: Found) -> str:
+    where = (
+        f.group(r"no space left on (\S+?) \(")
+        or f.group(r"the state dir (\S+) is full")
+        or f.facts.checkpoint_dir
+    )
+    disk = f"the disk of {where}" if where else "the disk it wrote to"
+    return (
+        f"{disk} is full: free space there (`df -h {where or '.'}`; old checkpoints:"
+        " checkpoint.keep_last), or point checkpoint.dir at a disk with room; then"
+        " `gpuctl resume RUN` (a restart alone would fill it again)"
+    )
+
+
 def _file_missing(f: Found) -> str:
     parent = f.group(r"Parent directory (.+?) does not exist")
     if parent is not None:
@@ -314,6 +329,7 @@ NCCL_TIMEOUT = FailurePattern(CauseKind.NCCL, COLLECTIVE_TIMEOUT, "a collective 
 #: The first row of the cause's class whose pattern its summary (else one of its lines)
 #: matches writes the hint. The README's hints table lists the same rows.
 HINTS: tuple[Hint, ...] = (
+    Hint("disk-full", DISK_FULL, _disk_full),
     Hint("no-nccl", NO_NCCL, _no_nccl),
     Hint("cpu-torch", CPU_TORCH, _cpu_torch),
     Hint("cuda-driver", CUDA_DRIVER, _cuda_driver),

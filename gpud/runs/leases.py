@@ -34,7 +34,7 @@ from gpud.runs.gpus import (
 )
 from gpud.slurm.jobs import SlurmJobs
 from gpud.snapshot import NodeSnapshot
-from gpud.store import LeaseConflict, Store
+from gpud.store import LeaseConflict, Store, StoreFull
 from launch.spec import RunSpec
 
 log = logging.getLogger("gpud.runs")
@@ -129,6 +129,8 @@ class GpuLeases:
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"no GPUs for {run_name} on {self.node}: {exc}"
             ) from None
+        except StoreFull as exc:
+            raise ProtocolError(ErrorCode.UNAVAILABLE, f"{self.node}: {exc}") from None
         log.info("run %s (attempt %d): leased GPU(s) %s", run_id, attempt, gpus_text(indices))
         return chosen
 

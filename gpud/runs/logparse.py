@@ -78,6 +78,12 @@ TROUBLE: tuple[LinePattern, ...] = (
         ),
         "a gloo peer went away",
     ),
+    LinePattern(
+        "output_dropped",
+        "warning",
+        re.compile(r"^\[gpud-shim\] .* of output were dropped"),
+        "the disk of the run's log was full: the shim dropped output (the run went on)",
+    ),
 )
 
 

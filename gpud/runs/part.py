@@ -82,6 +82,11 @@ class Part:
         return self.dir / "exit.json"
 
     @property
+    def state_dir(self) -> Path:
+        """The daemon's state dir (the attempt dir is <state>/runs/<run>/attempt-N)."""
+        return self.dir.parents[2]
+
+    @property
     def run_dir(self) -> str:
         """The run's dir under this daemon's state dir: what tells its processes apart."""
         return str(self.dir.parent)
@@ -202,7 +207,11 @@ class Part:
         if self.record.stop_requested:
             return Outcome(RunState.STOPPED, "stopped (the shim was gone)", info)
         why = "the shim process died; its part was killed"
-        info = info.model_copy(update={"cause": self._cause(CauseKind.LAUNCH, why)})
+        kind = CauseKind.LAUNCH
+        full = causes.full_disk(self.dir, f"the state dir {self.state_dir}")
+        if full is not None:  # what the shim could not write on: its output, its records
+            why, kind = f"the shim process died: {full}; its part was killed", CauseKind.ENVIRONMENT
+        info = info.model_copy(update={"cause": self._cause(kind, why)})
         return Outcome(RunState.FAILED, why, info)
 
     def _judge(self, raw: dict[str, object]) -> Outcome:
@@ -212,6 +221,7 @@ class Part:
             exit_code=code if isinstance(code, int) else None,
             signal=sig if isinstance(sig, int) else None,
             leftovers_killed=_int_list(raw.get("leftovers_killed")),
+            output_dropped_bytes=_int(raw.get("output_dropped_bytes")),
         )
         cause = root_cause(self._log_tail())
         if cause is not None:
@@ -334,6 +344,10 @@ class Part:
         pids = {p.pid for p in self._tagged()}
         pids.update(p.pid for p in procs.tree(self.record.shim_pid))
         return sorted(pids)
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _int_list(value: object) -> list[int]:

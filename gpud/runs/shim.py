@@ -3,10 +3,15 @@
     python -S <path of this file> <attempt-dir>/shim.json     (stdlib only: no site needed)
 
 It starts the launcher (torchrun, deepspeed, accelerate or python) in a process group of
-its own, with stdout and stderr going straight to the attempt's log file, and waits. It is
-a child subreaper: ranks orphaned when their launcher dies (torchrun puts every worker in
-its own session) are re-parented to it instead of init, so when the launcher ends the shim
-still finds them, and ends them too. Then it writes `exit.json` and exits.
+its own, its stdout and stderr a pipe that the shim copies to the attempt's log file, and
+waits. It is a child subreaper: ranks orphaned when their launcher dies (torchrun puts every
+worker in its own session) are re-parented to it instead of init, so when the launcher ends
+the shim still finds them, and ends them too. Then it writes `exit.json` and exits.
+
+A full disk stops neither the shim nor the run: the pipe is drained whatever happens to
+the log (`OutputPump`), what could not be written is dropped and counted, and one line in
+the log says how much once there is room again; `launcher.json` is retried, and
+`exit.json` is written over space reserved when the part started.
 
 It runs in its own session, so the daemon can be restarted, or crash, while runs go on;
 the daemon re-adopts it from `shim.json`, `launcher.json` and `exit.json`. Standard
@@ -16,17 +21,36 @@ library only: it is on the path of every launch.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER_GRACE_S = 3.0
+#: What a disk answers when it has no room (ENOSPC; EDQUOT: the user's quota).
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: Read from the launcher's pipe at most this much at a time.
+CHUNK = 64 * 1024
+#: How often the pump looks whether the disk has room again (and retries small writes).
+RETRY_S = 1.0
+#: Room the log's disk needs before output is written again: the marker line and some
+#: output fit, rather than a line cut in the middle by the next ENOSPC.
+ROOM_BYTES = 256 * 1024
+#: Space held for `exit.json` from the start, so the part's end is recorded on a full disk.
+EXIT_RESERVE = 4096
+#: How long the shim keeps trying to record the end on a disk with no room at all.
+EXIT_WRITE_WAIT_S = 60.0
+#: After the launcher's end, how long the pump may take to copy what is still in the pipe.
+PUMP_JOIN_S = 5.0
 
 
 def _become_subreaper() -> bool:
@@ -100,10 +124,199 @@ def end_leftovers(me: int) -> list[int]:
     return leftovers
 
 
+def free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged writer may still use on the disk of `path` (None: unknown)."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def _clock_text(when: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when))
+
+
+class OutputPump:
+    """Copies the launcher's output from a pipe to the log, in a thread of its own.
+
+    A write the disk refuses (ENOSPC, EDQUOT) stops neither the pump nor the run: it keeps
+    draining the pipe, so no rank ever blocks on a full pipe or dies on a write error;
+    what could not be written is counted and dropped. Once the disk has room again
+    (`ROOM_BYTES`) one line says how much was lost and when, and output flows on. Small
+    writes that failed the same way (`later()`) are retried at the same pace."""
+
+    def __init__(
+        self, source: int, log: int, log_path: str, echo: Callable[[bytes], None] | None = None
+    ) -> None:
+        self._source = source
+        self._log = log
+        self._dir = os.path.dirname(log_path) or "."
+        self._echo = echo
+        self.dropped_bytes = 0  # over the whole part
+        self._lost_bytes = 0  # since the disk filled: what the next marker reports
+        self._lost_lines = 0
+        self._full_since: float | None = None
+        self._full_errno = errno.ENOSPC
+        self._last_try = 0.0
+        self._ends_line = True
+        self._later: list[Callable[[], bool]] = []
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="gpud-shim-output", daemon=True)
+
+    def start(self) -> OutputPump:
+        self.thread.start()
+        return self
+
+    def later(self, write: Callable[[], bool]) -> None:
+        """Retry `write` (True: done) every RETRY_S until it succeeds."""
+        with self._lock:
+            self._later.append(write)
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        poller = select.poll()  # not select(): a part runner's descriptors may pass 1024
+        poller.register(self._source, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while True:
+            try:
+                ready = poller.poll(RETRY_S * 1000)
+                chunk = os.read(self._source, CHUNK) if ready else None
+            except InterruptedError:
+                continue
+            except OSError:
+                chunk = b""
+            if chunk == b"":
+                break  # every writer has closed the pipe: the part has ended
+            if chunk is not None:
+                self._take(chunk)
+            self._retry()
+        self._retry(force=True)
+
+    def _take(self, chunk: bytes) -> None:
+        if self._echo is not None:
+            self._echo(chunk)
+        if self._full_since is not None:
+            self._retry()
+        if self._full_since is not None:
+            self._drop(chunk)
+            return
+        done = self._write(chunk)
+        if done < len(chunk):
+            self._drop(chunk[done:])
+
+    def _write(self, data: bytes) -> int:
+        """Write what the disk takes; returns how much (less than all: the disk is full)."""
+        done = 0
+        view = memoryview(data)
+        while done < len(data):
+            try:
+                done += os.write(self._log, view[done:])
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                self._full(exc.errno if exc.errno in DISK_FULL else errno.EIO)
+                break
+        if done:
+            self._ends_line = data[done - 1 : done] == b"\n"
+        return done
+
+    def _full(self, number: int) -> None:
+        if self._full_since is None:
+            self._full_since = time.time()
+            self._full_errno = number
+            self._last_try = time.monotonic()
+
+    def _drop(self, data: bytes) -> None:
+        self.dropped_bytes += len(data)
+        self._lost_bytes += len(data)
+        self._lost_lines += data.count(b"\n")
+
+    def _retry(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_try < RETRY_S:
+            return
+        self._last_try = now
+        with self._lock:
+            self._later = [write for write in self._later if not write()]
+        if self._full_since is None:
+            return
+        room = free_bytes(self._dir)
+        if room is not None and room < ROOM_BYTES:
+            return
+        since = self._full_since
+        marker = (
+            f"[gpud-shim] {self._lost_lines} line(s) ({self._lost_bytes} bytes) of output were"
+            f" dropped: the disk of {self._dir} was full ({errno.errorcode[self._full_errno]})"
+            f" from {_clock_text(since)} to {_clock_text(time.time())}\n"
+        ).encode()
+        if not self._ends_line:
+            marker = b"\n" + marker
+        self._full_since = None
+        if self._write(marker) == len(marker):
+            self._lost_bytes = self._lost_lines = 0
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+def _try_json(path: Path, data: dict[str, Any]) -> bool:
+    """`_write_json`, False when the disk has no room (the caller retries)."""
+    try:
+        _write_json(path, data)
+        return True
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        return False
+
+
+def reserve(path: Path) -> bool:
+    """Hold EXIT_RESERVE bytes for `path`'s temporary file, to be overwritten in place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(b" " * EXIT_RESERVE)
+        return True
+    except OSError:
+        return False
+
+
+def _write_reserved(path: Path, data: dict[str, Any]) -> bool:
+    """Write `path` over its reserved temporary file (no new blocks), then rename it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    text = json.dumps(data).encode()
+    if len(text) > EXIT_RESERVE:
+        return False
+    try:
+        fd = os.open(tmp, os.O_WRONLY)  # no O_TRUNC: the blocks stay ours
+    except OSError:
+        return False
+    try:
+        os.pwrite(fd, text, 0)
+        os.ftruncate(fd, len(text))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return True
+
+
+def record_exit(path: Path, data: dict[str, Any]) -> None:
+    """Write `exit.json` however full the disk is: over the reserved space, else retried
+    for EXIT_WRITE_WAIT_S (without it the daemon can only say the shim died)."""
+    deadline = time.monotonic() + EXIT_WRITE_WAIT_S
+    while True:
+        if _write_reserved(path, data) or _try_json(path, data):
+            return
+        if time.monotonic() > deadline:
+            raise OSError(errno.ENOSPC, f"cannot write {path}: the disk is full")
+        time.sleep(RETRY_S)
 
 
 def write_spec(
@@ -129,36 +342,47 @@ def write_spec(
     return path
 
 
-def run(spec_path: Path) -> int:
+def run(spec_path: Path, echo: Callable[[bytes], None] | None = None) -> int:
+    """Run the part of `spec_path` to its end; `echo` also gets every chunk of output."""
     spec = json.loads(spec_path.read_text())
     directory = spec_path.parent
     subreaper = _become_subreaper()
     # The part ends on the daemon's say-so, never on a terminal's ^C or hang-up.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    with open(spec["log"], "ab", buffering=0) as log:
+    exit_path = directory / "exit.json"
+    reserve(exit_path)
+    log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    read_end, write_end = os.pipe()
+    try:
+        launcher = subprocess.Popen(
+            spec["argv"],
+            env=spec["env"],
+            cwd=spec["cwd"],
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            restore_signals=True,
+        )
+    except OSError as exc:
+        os.close(read_end)
+        os.close(write_end)
         try:
-            launcher = subprocess.Popen(
-                spec["argv"],
-                env=spec["env"],
-                cwd=spec["cwd"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                process_group=0,
-                restore_signals=True,
-            )
-        except OSError as exc:
-            log.write(f"[gpud-shim] cannot start {spec['argv'][0]}: {exc}\n".encode())
-            _write_json(
-                directory / "exit.json",
-                {"exit_code": 127, "signal": None, "ended_at": time.time(), "error": str(exc)},
-            )
-            return 127
-    _write_json(
-        directory / "launcher.json",
-        {"pid": launcher.pid, "started_at": time.time(), "subreaper": subreaper},
-    )
+            os.write(log, f"[gpud-shim] cannot start {spec['argv'][0]}: {exc}\n".encode())
+        except OSError:
+            pass
+        os.close(log)
+        record_exit(
+            exit_path,
+            {"exit_code": 127, "signal": None, "ended_at": time.time(), "error": str(exc)},
+        )
+        return 127
+    os.close(write_end)  # the launcher and its ranks hold it: EOF once they are all gone
+    pump = OutputPump(read_end, log, spec["log"], echo).start()
+    started = {"pid": launcher.pid, "started_at": time.time(), "subreaper": subreaper}
+    if not _try_json(directory / "launcher.json", started):
+        pump.later(lambda: _try_json(directory / "launcher.json", started))
     me = os.getpid()
     status = None
     while status is None:
@@ -169,14 +393,19 @@ def run(spec_path: Path) -> int:
         if pid == launcher.pid:
             status = raw
     leftovers = end_leftovers(me)
+    pump.join(PUMP_JOIN_S)
+    if not pump.thread.is_alive():  # the Slurm part runner runs this in its own process
+        os.close(read_end)
+        os.close(log)
     exit_code = os.waitstatus_to_exitcode(status) if status is not None else None
-    _write_json(
-        directory / "exit.json",
+    record_exit(
+        exit_path,
         {
             "exit_code": exit_code if exit_code is not None and exit_code >= 0 else None,
             "signal": -exit_code if exit_code is not None and exit_code < 0 else None,
             "ended_at": time.time(),
             "leftovers_killed": leftovers,
+            "output_dropped_bytes": pump.dropped_bytes,
         },
     )
     return 0

@@ -61,7 +61,7 @@ from gpud.runmodel import (
     gpus_text,
     new_run_id,
 )
-from gpud.runs import flight, gang, hints
+from gpud.runs import causes, flight, gang, hints
 from gpud.runs.aftermath import blame_hardware, check_nothing_left
 from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.book import Publish, RunBook, check_coordinator
@@ -72,6 +72,7 @@ from gpud.runs.logparse import classify, split_rank
 from gpud.runs.part import Outcome, Part
 from gpud.runs.ports import NoFreePort, pick_port
 from gpud.runs.queries import Queries
+from gpud.runs.shim import DISK_FULL
 from gpud.runs.telemetry import Telemetry
 from gpud.slurm.jobs import slurm_compute_node
 from gpud.snapshot import GpuSample, NodeSnapshot
@@ -89,6 +90,8 @@ from launch.spec import RunSpec, SpecError, parse_spec, require_absolute_paths
 log = logging.getLogger("gpud.runs")
 
 TICK_S = 0.25
+#: The same tick failure again is logged (with its count) at most this often.
+TICK_FAILURE_REPORT_S = 60.0
 #: How much of a part's output is read between two yields to the loop, and per tick.
 SLICE_BYTES = 64 * 1024
 READ_PER_TICK = 1 << 20
@@ -159,6 +162,7 @@ class Supervisor:
         for record in self.store.active_attempts():
             owner = self.book.get(record.run_id)
             if owner is None:
+                self._close_stale_attempt(record)
                 continue
             run = owner
             part = Part(record, self.clock)
@@ -177,6 +181,18 @@ class Supervisor:
             log.info("run %s: %s", run.id, "re-adopted" if alive else "settling after restart")
         self.leases.sweep(self._live_parts())
         # Gang state (and restarts due) are recomputed on the next tick.
+
+    def _close_stale_attempt(self, record: AttemptRecord) -> None:
+        """An attempt still `running` on disk under a run that ended: its last write was
+        lost (an older gpud on a full disk). The run's end is its end."""
+        run = self.store.run(record.run_id)
+        if run is None or not run.state.terminal:
+            return
+        self.store.put_attempt(record.model_copy(update={"state": run.state, "reason": run.reason}))
+        log.info(
+            "run %s: attempt %d read %s under a %s run; recorded as %s",
+            run.id, record.attempt, record.state.value, run.state.value, run.state.value,
+        )  # fmt: skip
 
     def _live_parts(self) -> list[tuple[str, int]]:
         return [
@@ -295,6 +311,18 @@ class Supervisor:
         self.book.update_part(part, resume_step=resume.step, start=resume.describe())
         return part
 
+    def _check_room(self) -> None:
+        """Refuse what would start a run while the state dir has no room: its records
+        could not be kept (the store retries first). SQLite may still find room in pages
+        it holds, so the disk's own free space counts too."""
+        self.store.retry(force=True)
+        root = self.state.root
+        full = self.store.full or causes.full_disk(root, f"the state dir {root}")
+        if full is not None:
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE, f"{self.node}: {full}; free space there and try again"
+            )
+
     def reserve_gpus(
         self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str]
     ) -> list[Gpu]:
@@ -333,8 +361,6 @@ class Supervisor:
     ) -> Part:
         place = self._placement(run, spec, attempt, master_addr, master_port, resume_from, gpus)
         command = build_command(spec, place)
-        Path(run.run_dir).mkdir(parents=True, exist_ok=True)
-        Path(run.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         now = self.clock()
         record = AttemptRecord(
             run_id=run.id,
@@ -353,9 +379,12 @@ class Supervisor:
         part = Part(record, self.clock)
         env = command.environ(os.environ)
         try:
+            Path(run.run_dir).mkdir(parents=True, exist_ok=True)
+            Path(run.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             part.spawn(command.argv, env, command.cwd, command.files)
         except OSError as exc:
-            raise ProtocolError(ErrorCode.INTERNAL, f"cannot start the shim: {exc}") from None
+            code = ErrorCode.UNAVAILABLE if exc.errno in DISK_FULL else ErrorCode.INTERNAL
+            raise ProtocolError(code, f"{self.node}: cannot start the part: {exc}") from None
         self.book.add_part(part)
         resumed = f", resuming from {resume_from}" if resume_from else ""
         on_gpus = f" (GPU {gpus_text(record.gpus)})" if gpus else ""
@@ -369,6 +398,8 @@ class Supervisor:
 
     async def launch(self, req: LaunchRequest, caller: Caller) -> LaunchReply:
         spec = self._validated(req.spec)
+        if not req.dry_run:
+            self._check_room()
         nodes = [_ref(n) for n in req.nodes]
         master_addr = gang.master_host(spec, nodes)
         run_id = new_run_id(spec.name)
@@ -435,6 +466,8 @@ class Supervisor:
             raise ProtocolError(ErrorCode.INVALID_BODY, "node_rank is past the list of nodes")
         if self.book.known(req.run_id) is not None and not req.dry_run:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {req.run_id} already has a part here")
+        if not req.dry_run:
+            self._check_room()
         run = self._new_run(req.run_id, spec, nodes, node_rank=req.node_rank, attempt=req.attempt)
         queued = req.queued_at is not None and not req.dry_run
         if req.master_port is None and not queued:
@@ -630,6 +663,7 @@ class Supervisor:
             )
         if run.state is RunState.SUCCEEDED:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {run.id} succeeded: nothing to resume")
+        self._check_room()
         if self.book.get(run.id) is None:
             self.book.load(run)
         queue = req.queue or _spec_of(run).queue
@@ -689,15 +723,26 @@ class Supervisor:
     # ================================================================== the tick
 
     async def serve(self) -> None:
+        last: tuple[str, float, int] | None = None  # the failure, when logged, times since
         while True:
             try:
                 await self.tick()
-            except Exception:
-                log.exception("supervisor tick failed; continuing")
+            except Exception as exc:
+                # Four ticks a second: the same failure again is counted, not logged again.
+                what, now = f"{type(exc).__name__}: {exc}", time.monotonic()
+                if last is not None and last[0] == what and now - last[1] < TICK_FAILURE_REPORT_S:
+                    last = (what, last[1], last[2] + 1)
+                else:
+                    again = ""
+                    if last is not None and last[0] == what and last[2] > 0:
+                        again = f" (and {last[2]} time(s) since it was logged)"
+                    log.exception("supervisor tick failed%s; continuing", again)
+                    last = (what, now, 0)
             await asyncio.sleep(TICK_S)
 
     async def tick(self) -> None:
         now = self.clock()
+        self.store.retry()
         for run, part in self.book.parts():
             await self._follow_log(run, part)
             if part.record.state.terminal or part.external:

@@ -254,9 +254,13 @@ class Telemetry:
     # ------------------------------------------------------------------ the tick
 
     def tick(self, now: float) -> None:
+        # Metrics the store had to drop while its disk was full: read rank 0's file again.
+        reread = self.book.store.take_metrics_lost()
         for run, part in self.book.parts():
             run_id = run.id
             state = self._of(run_id, part.record.attempt)
+            if run_id in reread:
+                state.jsonl_offset, state.jsonl_partial = 0, b""
             if run.is_coordinator:
                 self._backfill(run, state)
             if now >= state.next_dumps and not part.record.state.terminal:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from gpud.runmodel import AttemptRecord, MetricPoint, RunEvent, RunRecord, RunState
 from gpud.snapshot import NodeEvent
 from gpud.statedir import StateDir, StateDirBusy, held_by
-from gpud.store import MIGRATIONS, Store
+from gpud.store import MIGRATIONS, Store, StoreFull
 
 
 def event(t: float, code: int) -> NodeEvent:
@@ -53,3 +54,100 @@ def test_state_dir_is_held_by_one_owner(tmp_path: Path) -> None:
     second = StateDir(tmp_path / "s")
     second.acquire()
     second.release()
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def full(store: Store) -> None:
+    """SQLite's own limit, so its writes fail as on a full disk (SQLITE_FULL): the
+    database may not grow past the pages it has now."""
+    (pages,) = store._db.execute("PRAGMA page_count").fetchone()
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def room(store: Store) -> None:
+    store._db.execute("PRAGMA max_page_count = 1073741823")
+
+
+def a_run(run_id: str, state: RunState = RunState.RUNNING) -> RunRecord:
+    return RunRecord(
+        id=run_id, name="r", created_at=float(len(run_id)), spec={}, nodes=[], node_rank=0,
+        state=state, state_since=0.0, run_dir="/r", checkpoint_dir="/r/ck",
+    )  # fmt: skip
+
+
+def an_attempt(state: RunState) -> AttemptRecord:
+    return AttemptRecord(
+        run_id="r-1", attempt=1, node_rank=0, state=state, state_since=0.0,
+        master_addr="127.0.0.1", master_port=1, nproc=1, attempt_dir="/r/attempt-1",
+    )  # fmt: skip
+
+
+def test_writes_a_full_disk_refuses_wait_in_memory_and_reads_see_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [0.0]
+    store = Store(tmp_path / "db", clock=lambda: clock[0])
+    store.put_run(a_run("r-1"))
+    store.put_attempt(an_attempt(RunState.RUNNING))
+    full(store)
+    filler = "x" * 3000  # a few pages' worth, so the database must grow
+    for i in range(20):
+        store.add_run_event(
+            RunEvent(run_id="r-1", attempt=1, time=float(i), node="n", kind="k", message=filler)
+        )
+    store.put_attempt(an_attempt(RunState.FAILED))
+    store.put_run(a_run("r-1", RunState.FAILED))
+    store.add_metrics([MetricPoint(run_id="r-1", attempt=1, step=7, time=1.0, values={"loss": 2})])
+    assert store.full is not None and "is full (database or disk is full)" in store.full
+    assert store.waiting > 0
+    # Every read sees what waits: the run and attempt as they are now, events, metrics.
+    run = store.run("r-1")
+    assert run is not None and run.state is RunState.FAILED
+    assert [a.state for a in store.attempts("r-1")] == [RunState.FAILED]
+    assert store.active_attempts() == []
+    assert store.runs(active_only=True) == []
+    assert len(store.run_events("r-1", limit=100)) == 20
+    assert store.latest_metrics("r-1") == (7, {"loss": 2.0})
+    assert store.metrics("r-1") == [(1, 7, 1.0, "loss", 2.0)]
+    with pytest.raises(StoreFull, match="is full"):
+        store.lease_gpus("r-1", 1, [(0, "GPU-0")], 0.0)
+    clock[0] += 2.0
+    store.retry()  # still full: nothing lost, nothing raised
+    assert store.waiting > 0
+    room(store)
+    clock[0] += 2.0
+    store.retry()
+    assert store.waiting == 0 and store.full is None
+    store.close()
+    again = Store(tmp_path / "db")  # on disk now
+    assert [a.state for a in again.attempts("r-1")] == [RunState.FAILED]
+    run = again.run("r-1")
+    assert run is not None and run.state is RunState.FAILED
+    assert len(again.run_events("r-1", limit=100)) == 20
+    assert again.latest_metrics("r-1") == (7, {"loss": 2.0})
+    warnings = [r.getMessage() for r in caplog.records if r.name == "gpud.store"]
+    assert len(warnings) == 2, warnings  # filled, and had room again: not one per write
+    assert "has room again" in warnings[-1]
+    again.close()
+
+
+def test_lease_changes_keep_their_order_while_they_wait(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db")
+    store.lease_port(30000, "r-1", 1, 0.0)
+    store.lease_gpus("r-1", 1, [(0, "GPU-0")], 0.0)
+    full(store)
+    store.add_run_event(RunEvent(run_id="r-1", attempt=1, time=0.0, node="n", kind="k",
+                                 message="x" * 20000))  # fmt: skip
+    store.release_ports("r-1")
+    store.lease_port(30001, "r-2", 1, 0.0)
+    store.release_gpus("r-1", 1)
+    assert store.leased_ports() == {30001}
+    assert store.gpu_leases() == []
+    room(store)
+    store.retry(force=True)
+    assert store.waiting == 0
+    assert store.leased_ports() == {30001}
+    assert store.gpu_leases() == []
+    store.close()

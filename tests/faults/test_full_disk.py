@@ -1,0 +1,239 @@
+"""A full disk (issue 26 §4): the state dir or the checkpoint dir has no room left.
+
+Each disk is a tmpfs of its own (`tests/support/disk.py`, skipped where mounting is not
+allowed), filled by a file the test deletes to give the room back, so the kernel, SQLite
+and torch answer as they do on a user's full disk. Real daemons, real shims, real ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpud.runmodel import CauseKind, RunState
+from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.disk import SmallDisk, small_disk
+from tests.support.runs import (
+    FAST,
+    assert_no_gap,
+    launch,
+    script_spec,
+    status,
+    steps_recorded,
+    wait_for,
+    wait_for_step,
+)
+from tests.support.waiting import until
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+Daemons = Callable[..., RunningDaemon]
+
+#: ~100 kB/s of numbered lines for `seconds`, and every second a line in a file outside
+#: the state dir: the script's own word that it is alive and printing.
+PRINTER = """
+import sys, time
+seconds, beats = float(sys.argv[1]), sys.argv[2]
+line = "x" * 1000
+end = time.monotonic() + seconds
+i = 0
+while time.monotonic() < end:
+    for _ in range(10):
+        print(f"line {i} {line}")
+        i += 1
+    sys.stdout.flush()
+    with open(beats, "a") as f:
+        f.write(f"{i}\\n")
+    time.sleep(0.1)
+print(f"done after {i} lines", flush=True)
+"""
+
+
+def beats(path: Path) -> int:
+    """How many lines the printer says it has printed (0 before its first beat)."""
+    try:
+        return int(path.read_text().split()[-1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def stored_attempts(state_dir: Path, run_id: str) -> list[str]:
+    """The attempts' states as the daemon's database holds them on disk (not in memory)."""
+    db = sqlite3.connect(f"file:{state_dir / 'gpud.db'}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT state FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,)
+        ).fetchall()
+    finally:
+        db.close()
+    return [state for (state,) in rows]
+
+
+def full_lines(daemon: RunningDaemon) -> list[str]:
+    return [line for line in daemon.log().splitlines() if "is full" in line]
+
+
+@pytest.fixture
+def state_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    with small_disk(tmp_path / "state", "12m") as disk:
+        yield disk
+
+
+def test_a_full_state_dir_stops_no_run_and_the_daemon_catches_up(
+    daemons: Daemons, tmp_path: Path, state_disk: SmallDisk
+) -> None:
+    """The run goes on printing while the state dir has no room; the daemon answers, logs
+    the full disk a few times (not a traceback a tick), and once there is room it records
+    the run's true end, with a line in the log saying how much output was dropped."""
+    daemon = daemons(node="n0", simulate_gpus=1, state_dir=state_disk.path)
+    alive = tmp_path / "beats"
+    spec = script_spec(tmp_path, PRINTER, name="printer", args=("14", str(alive)))
+    run_id = launch(daemon, config=spec)
+    until("the printer prints", lambda: beats(alive) > 50, timeout=30)
+    state_disk.fill()
+    full_at = time.monotonic()
+    printed = beats(alive)
+    # Full for 4 s: the script goes on, the daemon answers and still calls the run running.
+    slowest = 0.0
+    with daemon.client() as client:
+        while time.monotonic() - full_at < 4.0:
+            asked = time.monotonic()
+            assert client.node_info().node == "n0"
+            slowest = max(slowest, time.monotonic() - asked)
+            time.sleep(0.1)
+    assert state_disk.free_bytes < 64 << 10, "the disk was not full"
+    assert beats(alive) > printed + 200, "the printer stopped on the full disk"
+    s = status(daemon, run_id)
+    assert s.run.state is RunState.RUNNING, s.run.reason
+    refused = gpuctl("--node", daemon.address, "launch", str(spec))
+    assert refused.returncode != 0
+    assert "is full" in refused.stderr, refused.stderr
+    print(refused.stderr.strip())
+    full_for = time.monotonic() - full_at
+    state_disk.make_room()
+    roomy_at = time.monotonic()
+    until("the daemon writes again", lambda: "has room again" in daemon.log(), timeout=10)
+    print(
+        f"state dir full for {full_for:.1f}s: the printer printed {beats(alive) - printed}"
+        f" lines meanwhile; slowest node.info {slowest * 1000:.0f} ms; the daemon wrote its"
+        f" backlog {time.monotonic() - roomy_at:.1f}s after the room came back"
+    )
+    s = wait_for(daemon, run_id, {"succeeded", "failed", "stopped"}, timeout=60)
+    assert s.run.state is RunState.SUCCEEDED, s.run.reason
+    assert [a.state for a in s.attempts] == [RunState.SUCCEEDED]
+    assert stored_attempts(state_disk.path, run_id) == ["succeeded"]
+    log_text = (state_disk.path / "runs" / run_id / "attempt-1" / "output.log").read_text()
+    assert "of output were dropped: the disk of" in log_text
+    print(next(line for line in log_text.splitlines() if "were dropped" in line))
+    assert "done after" in log_text  # what came after the full disk is all there
+    assert any(e.kind == "output_dropped" for e in s.events), [e.kind for e in s.events]
+    # Logged when it filled, maybe once more, and when it had room: never a tick's traceback.
+    assert 1 <= len(full_lines(daemon)) <= 3, full_lines(daemon)
+    assert "Traceback" not in daemon.log()
+    assert "has room again" in daemon.log()
+
+
+def test_a_shim_that_dies_on_a_full_state_dir_names_the_disk(
+    daemons: Daemons, tmp_path: Path, state_disk: SmallDisk
+) -> None:
+    """The shim killed while the disk is full: the cause says the state dir is full (not
+    only "the shim died"), and the attempt's record ends failed once there is room."""
+    daemon = daemons(node="n0", simulate_gpus=1, state_dir=state_disk.path)
+    alive = tmp_path / "beats"
+    spec = script_spec(tmp_path, PRINTER, name="printer", args=("600", str(alive)))
+    run_id = launch(daemon, config=spec)
+    until("the printer prints", lambda: beats(alive) > 20, timeout=30)
+    shim = status(daemon, run_id).attempts[-1].shim_pid
+    assert shim is not None
+    state_disk.fill()
+    os.kill(shim, signal.SIGKILL)
+    s = wait_for(daemon, run_id, {"failed", "succeeded", "stopped"}, timeout=30)
+    reason = s.run.reason or ""
+    assert s.run.state is RunState.FAILED, reason
+    assert f"the state dir {state_disk.path} is full (ENOSPC" in reason, reason
+    assert s.run.cause is not None and s.run.cause.kind is CauseKind.ENVIRONMENT, s.run.cause
+    state_disk.make_room()
+    assert [a.state for a in s.attempts] == [RunState.FAILED]  # the daemon's word...
+    until(  # ...and its database's, once it can write again
+        "the attempt's end is on disk",
+        lambda: stored_attempts(state_disk.path, run_id) == ["failed"],
+        timeout=15,
+    )
+
+
+def test_a_ddp_run_trains_on_through_a_full_state_dir_and_loses_no_metric(
+    daemons: Daemons, tmp_path: Path, state_disk: SmallDisk
+) -> None:
+    """torchrun's ranks write their output into the state dir (torchrun's --tee files) and
+    rank 0 its metrics.jsonl: with no room, they train on, and once there is room the
+    daemon has every step's metrics."""
+    daemon = daemons(node="n0", simulate_gpus=None, state_dir=state_disk.path)
+    total = 400
+    run_id = launch(
+        daemon, FAST, f"training.max_steps={total}", f"checkpoint.dir={tmp_path / 'ckpt'}"
+    )
+    wait_for_step(daemon, run_id, 20)
+    state_disk.fill()
+    before = status(daemon, run_id).run.last_step or 0
+    time.sleep(5.0)
+    s = status(daemon, run_id)
+    assert s.run.state is RunState.RUNNING, s.run.reason
+    trained = (s.run.last_step or 0) - before
+    assert trained > 10, f"{trained} steps in 5 s on a full state dir"
+    print(f"DDP on a full state dir: {trained} steps in 5 s")
+    state_disk.make_room()
+    s = wait_for(daemon, run_id, {"succeeded", "failed", "stopped"}, timeout=180)
+    assert s.run.state is RunState.SUCCEEDED, s.run.reason
+    assert_no_gap(steps_recorded(daemon, run_id), total)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+#: A model whose checkpoint (weights and AdamW's two moments) is ~6 MB: more than 3 MB.
+WIDE = "args=[--width, '512', --depth, '2', --log-every, '5']"
+
+
+def temporaries(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_a_checkpoint_that_does_not_fit_names_the_disk_and_leaves_nothing_behind(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """The first save does not fit in a 3 MB checkpoint dir: the cause names the dir and
+    the room (not torch's "unexpected pos" as user code), no partial file keeps the disk
+    full, and a partial file a killed save left is removed when the resume starts."""
+    with small_disk(tmp_path / "ckpt", "3m") as disk:
+        run_id = launch(
+            daemon, WIDE, "training.max_steps=30", "checkpoint.every_steps=10",
+            f"checkpoint.dir={disk.path}",
+        )  # fmt: skip
+        s = wait_for(daemon, run_id, {"failed", "succeeded", "stopped"}, timeout=180)
+        reason = s.run.reason or ""
+        print(f"the save that did not fit: {reason}")
+        assert s.run.state is RunState.FAILED, reason
+        assert s.run.cause is not None and s.run.cause.kind is CauseKind.ENVIRONMENT, s.run.cause
+        assert f"no space left on {disk.path} (checkpoint step 9 needs ~" in reason, reason
+        assert "unexpected pos" not in reason
+        assert temporaries(disk.path) == []
+        assert disk.free_bytes > 2_900_000  # nothing of the failed save holds the disk
+        # A save killed half-way (no exception, no clean-up) left its temporary file.
+        abandoned = disk.path / ".step_00000003.pt.tmp"
+        abandoned.write_bytes(b"\0" * (1 << 20))
+        disk.grow("40m")
+        resumed = gpuctl("--node", daemon.address, "resume", run_id)
+        assert resumed.returncode == 0, resumed.stderr
+        s = wait_for(daemon, run_id, {"failed", "succeeded", "stopped"}, timeout=180)
+        assert s.run.state is RunState.SUCCEEDED, s.run.reason
+        assert temporaries(disk.path) == []
+        saved = sorted(p.name for p in disk.path.iterdir())
+        print("saved:", [(p.name, p.stat().st_size) for p in disk.path.iterdir()])
+        assert saved and all(name.startswith("step_") for name in saved), saved
+        log_text = (Path(s.attempts[-1].attempt_dir) / "output.log").read_text()
+        assert f"removed {abandoned}: a save that never finished left it" in log_text
