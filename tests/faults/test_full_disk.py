@@ -174,7 +174,9 @@ def test_a_ddp_run_trains_on_through_a_full_state_dir_and_loses_no_metric(
     rank 0 its metrics.jsonl: with no room, they train on, and once there is room the
     daemon has every step's metrics."""
     daemon = daemons(node="n0", simulate_gpus=None, state_dir=state_disk.path)
-    total = 400
+    # Long enough to still train once there is room again (~80 steps/s on 2 idle cores):
+    # the example saves its final model into the run dir, which a full disk refuses.
+    total = 1200
     run_id = launch(
         daemon, FAST, f"training.max_steps={total}", f"checkpoint.dir={tmp_path / 'ckpt'}"
     )
