@@ -12,15 +12,14 @@ one warning event that names it, and the good pattern's metrics arrive.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from gpud.client import Client
 from gpud.protocol import MetricRow
 from tests.support.daemons import RunningDaemon
+from tests.support.probe import Prober
 from tests.support.runs import (
     FAST,
     force_stop,
@@ -50,38 +49,6 @@ for i in range(5, 10):
     print(f"step {i} loss 0.5", flush=True)
     time.sleep(0.5)
 """
-
-
-class Prober:
-    """Asks node.info every 20 ms in a thread; keeps the slowest answer."""
-
-    def __init__(self, daemon: RunningDaemon) -> None:
-        self.daemon = daemon
-        self.worst_s = 0.0
-        self.asked = 0
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with Client(self.daemon.target(), timeout_s=10) as client:
-            while not self._stop.is_set():
-                began = time.monotonic()
-                try:
-                    client.node_info()
-                except Exception as exc:
-                    self.failed.append(str(exc))
-                self.worst_s = max(self.worst_s, time.monotonic() - began)
-                self.asked += 1
-                time.sleep(0.02)
-
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
 
 
 def test_a_catastrophic_pattern_never_freezes_the_daemon(
