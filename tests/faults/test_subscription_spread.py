@@ -23,18 +23,17 @@ import sys
 import time
 
 import pytest
-import zmq
 
 from gpud.keygate import BURST
-from gpud.protocol import Role, hw_topic
+from gpud.protocol import Role
 from tests.support.adversary import (
     MB,
     authorized_keys,
     cpu_used,
-    curve_socket,
     log_lines_with,
     rss,
     thread_cpu,
+    viewer_gets_telemetry,
 )
 from tests.support.daemons import RunningDaemon
 from tests.support.probe import Prober
@@ -44,19 +43,6 @@ pytestmark = pytest.mark.faults
 CONNECTIONS = 340
 SUBSCRIPTIONS = 60
 HOLD_S = 10.0
-
-
-def _viewer_gets_telemetry(daemon: RunningDaemon) -> None:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    keys = authorized_keys(daemon, Role.VIEWER, "good-viewer")
-    sub = curve_socket(ctx, zmq.SUB, daemon, keys)
-    try:
-        sub.setsockopt(zmq.SUBSCRIBE, hw_topic(daemon.node).encode())
-        assert sub.poll(10_000), "a well-behaved viewer got no telemetry"
-        assert sub.recv_multipart()[0].decode() == hw_topic(daemon.node)
-    finally:
-        sub.close()
-        ctx.term()
 
 
 def _spread(daemon: RunningDaemon, connections: int, subs: int, hold_s: float) -> dict[str, int]:
@@ -76,7 +62,7 @@ def _spread(daemon: RunningDaemon, connections: int, subs: int, hold_s: float) -
 def test_a_viewer_spreading_subscriptions_never_stalls_the_control_plane(
     daemon: RunningDaemon,
 ) -> None:
-    _viewer_gets_telemetry(daemon)  # warm: sockets and buffers in place
+    viewer_gets_telemetry(daemon)  # warm: sockets and buffers in place
     baseline = rss(daemon)
     peak = baseline
     started = time.monotonic()
@@ -112,5 +98,5 @@ def test_a_viewer_spreading_subscriptions_never_stalls_the_control_plane(
     assert any("over the allowance of 8192 bytes per key" in w for w in warnings)
     with daemon.client(timeout_s=5.0) as client:
         assert client.node_info().node == daemon.node
-    _viewer_gets_telemetry(daemon)
+    viewer_gets_telemetry(daemon)
     assert not log_lines_with(daemon, "Traceback"), daemon.log()

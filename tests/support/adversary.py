@@ -14,7 +14,7 @@ import zmq
 
 from gpud.auth import authorize
 from gpud.keys import KeyPair
-from gpud.protocol import Role
+from gpud.protocol import Role, hw_topic
 from tests.support.daemons import RunningDaemon
 
 MB = 2**20
@@ -48,6 +48,20 @@ def curve_socket(
     control = kind in (zmq.DEALER, zmq.REQ)
     sock.connect(f"tcp://{daemon.address}" if control else daemon.events)
     return sock
+
+
+def viewer_gets_telemetry(daemon: RunningDaemon) -> None:
+    """A well-behaved viewer, with a key of its own, gets the node's snapshots."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    keys = authorized_keys(daemon, Role.VIEWER, "good-viewer")
+    sub = curve_socket(ctx, zmq.SUB, daemon, keys)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, hw_topic(daemon.node).encode())
+        assert sub.poll(10_000), "a well-behaved viewer got no telemetry"
+        assert sub.recv_multipart()[0].decode() == hw_topic(daemon.node)
+    finally:
+        sub.close()
+        ctx.term()
 
 
 def rss(daemon: RunningDaemon) -> int:

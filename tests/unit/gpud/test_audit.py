@@ -7,16 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from gpud.audit import KEEP, AuditLog
+from tests.support.clock import ManualClock
 
 NOT_FOUND = "not_found"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -24,7 +17,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 
 def test_refusal_bursts_become_one_summary_and_accepted_actions_stay(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     path = tmp_path / "audit.log"
     audit = AuditLog(path, interval_s=10.0, clock=clock, wall=clock)
     for i in range(5000):

@@ -7,18 +7,11 @@ import logging
 import pytest
 
 from gpud.bursts import OTHERS, Bursts, ThrottledLog
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_the_first_is_told_the_rest_counted_and_summarized_per_interval() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     bursts: Bursts[str] = Bursts(10.0, clock=clock)
     assert bursts.admit("a", "first")
     assert not any(bursts.admit("a", f"again {i}") for i in range(5))
@@ -40,7 +33,7 @@ def test_the_first_is_told_the_rest_counted_and_summarized_per_interval() -> Non
 
 
 def test_keys_past_the_limit_are_counted_together() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     bursts: Bursts[int] = Bursts(10.0, max_keys=3, clock=clock)
     assert all(bursts.admit(i) for i in range(3))
     assert not bursts.admit(99, "a new key past the limit")
@@ -51,7 +44,7 @@ def test_keys_past_the_limit_are_counted_together() -> None:
 def test_a_throttled_log_writes_one_line_then_one_summary(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     throttled = ThrottledLog(logging.getLogger("test.bursts"), 10.0, clock=clock)
     with caplog.at_level(logging.INFO, "test.bursts"):
         for i in range(41):

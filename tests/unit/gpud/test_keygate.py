@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from gpud.keygate import KeyGate
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_a_burst_then_one_per_refill() -> None:
-    clock = Clock()
+    clock = ManualClock(50.0)
     gate = KeyGate(burst=3, refill_s=2.0, clock=clock)
     assert [gate.admit("k") for _ in range(3)] == [None, None, None]
     refused = gate.admit("k")
@@ -26,7 +19,7 @@ def test_a_burst_then_one_per_refill() -> None:
 
 
 def test_a_penalized_key_waits_then_comes_back() -> None:
-    clock = Clock()
+    clock = ManualClock(50.0)
     gate = KeyGate(burst=3, penalty_s=30.0, clock=clock)
     gate.penalize("k")
     assert gate.penalized("k")
