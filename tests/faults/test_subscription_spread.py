@@ -100,3 +100,18 @@ def test_a_viewer_spreading_subscriptions_never_stalls_the_control_plane(
         assert client.node_info().node == daemon.node
     viewer_gets_telemetry(daemon)
     assert not log_lines_with(daemon, "Traceback"), daemon.log()
+
+
+def test_a_connection_cut_for_too_many_subscriptions_does_not_reconnect_in_a_loop(
+    daemon: RunningDaemon,
+) -> None:
+    """One SUB socket with 65 subscriptions (the cap is 64): libzmq reconnects it after each
+    cut and sends them all again. Before the gate it was cut about 5 times a second, each
+    time with a WARNING; now its key is refused at the next handshake, and that ends it."""
+    counts = _spread(daemon, 1, 65, 8.0)
+    warnings = log_lines_with(daemon, "WARNING")
+    print(f"one connection over its cap for 8 s: {counts}; {len(warnings)} WARNING lines")
+    assert counts["handshakes"] == 1 and counts["refused"] <= 2, counts
+    assert len(warnings) <= 3, "\n".join(warnings)
+    assert "over the allowance of 64" in warnings[0]
+    viewer_gets_telemetry(daemon)  # another key is not held to the spreader's penalty
