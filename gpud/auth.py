@@ -22,6 +22,9 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from zmq.auth.thread import ThreadAuthenticator
 
+from gpud.audit import AUDIT_LOG, AuditRecord, append_record, local_user
+from gpud.bursts import ThrottledLog
+from gpud.keygate import KeyGate
 from gpud.keys import KeyFileError, check_public_key
 from gpud.paths import atomic_write, exclusive
 from gpud.protocol import Role
@@ -29,8 +32,10 @@ from gpud.protocol import Role
 log = logging.getLogger("gpud.auth")
 
 AUTHORIZED_KEYS = "authorized_keys.json"
-#: The ZAP domain of every gpud socket; the authenticator serves this domain only.
+#: The ZAP domain of the control socket (and of every other CURVE socket of gpud).
 ZAP_DOMAIN = "gpud"
+#: The events socket's own domain: its handshakes also pass the events `KeyGate`.
+EVENTS_ZAP_DOMAIN = "gpud-events"
 #: How often the authorized-keys file is checked for changes, at most.
 RECHECK_S = 0.25
 
@@ -77,8 +82,29 @@ def read_authorized_keys(path: Path) -> AuthorizedKeys:
         ) from None
 
 
+def _audit_key_change(
+    state_dir: Path, action: str, key: AuthorizedKey, old: AuthorizedKey | None
+) -> None:
+    """Who changed which key, appended to the state dir's audit log (a daemon may be
+    running or not; it records what it loads of the change on its own)."""
+    body: dict[str, object] = {"key": key.key, "name": key.name, "role": key.role.value}
+    if old is not None:
+        body["was"] = {"name": old.name, "role": old.role.value}
+    if action == "keys.revoke":
+        what = f"revoked {key.name}'s key ({key.key[:8]}…, {key.role.value})"
+    else:
+        was = f", was {old.role.value} as {old.name}" if old is not None else ""
+        what = f"authorized {key.name}'s key ({key.key[:8]}…) as {key.role.value}{was}"
+    record = AuditRecord(
+        time=time.time(), caller=local_user(), role="local", action=action, body=body,
+        ok=True, detail=what,
+    )  # fmt: skip
+    append_record(state_dir / AUDIT_LOG, record)
+
+
 def authorize(state_dir: Path, key: str, role: Role, name: str) -> bool:
-    """Authorize `key` with `role` (replacing its earlier role). Returns True if changed."""
+    """Authorize `key` with `role` (replacing its earlier role). Returns True if changed
+    (and then the change is in the audit log, with who made it)."""
     key = check_public_key(key).decode()
     path = authorized_keys_path(state_dir)
     with exclusive(path):
@@ -87,22 +113,49 @@ def authorize(state_dir: Path, key: str, role: Role, name: str) -> bool:
         old = next((k for k in current.keys if k.key == key), None)
         if old is not None and old.role == role and old.name == name:
             return False
-        kept.append(AuthorizedKey(key=key, role=role, name=name))
-        atomic_write(path, AuthorizedKeys(keys=kept).model_dump_json(indent=2).encode())
+        new = AuthorizedKey(key=key, role=role, name=name)
+        atomic_write(path, AuthorizedKeys(keys=[*kept, new]).model_dump_json(indent=2).encode())
+        _audit_key_change(state_dir, "keys.authorize", new, old)
     return True
 
 
 def revoke(state_dir: Path, key: str) -> bool:
-    """Remove `key`; returns False when it was not authorized."""
+    """Remove `key`; returns False when it was not authorized (the removal is audited)."""
     key = check_public_key(key).decode()
     path = authorized_keys_path(state_dir)
     with exclusive(path):
         current = read_authorized_keys(path)
         kept = [k for k in current.keys if k.key != key]
-        if len(kept) == len(current.keys):
+        gone = [k for k in current.keys if k.key == key]
+        if not gone:
             return False
         atomic_write(path, AuthorizedKeys(keys=kept).model_dump_json(indent=2).encode())
+        _audit_key_change(state_dir, "keys.revoke", gone[0], None)
     return True
+
+
+@dataclass(frozen=True)
+class KeyChanges:
+    """What one reload of the authorized-keys file changed."""
+
+    added: list[AuthorizedKey]
+    removed: list[AuthorizedKey]
+    changed: list[tuple[AuthorizedKey, AuthorizedKey]]  # (before, after)
+
+    @staticmethod
+    def between(before: dict[str, AuthorizedKey], after: dict[str, AuthorizedKey]) -> KeyChanges:
+        return KeyChanges(
+            added=[k for key, k in after.items() if key not in before],
+            removed=[k for key, k in before.items() if key not in after],
+            changed=[
+                (before[key], k)
+                for key, k in after.items()
+                if key in before and (before[key].role, before[key].name) != (k.role, k.name)
+            ],
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
 
 
 class PeerKeys:
@@ -142,15 +195,19 @@ class KeyRing:
         path: Path,
         peers: PeerKeys | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[KeyChanges], None] | None = None,
     ) -> None:
         self.path = path
         self.peers = peers
         self._clock = clock
+        self.on_change = on_change  # after a reload that changed something (any thread)
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._checked_at = float("-inf")
         self._by_key: dict[str, AuthorizedKey] = {}
+        self._loaded = False
         self._reload_if_changed()  # now: a corrupt file fails at start-up, not at first client
+        self._loaded = True  # from now on, each reload's changes are news
 
     def _reload_if_changed(self, fresh: bool = True) -> None:
         now = self._clock()
@@ -165,9 +222,12 @@ class KeyRing:
         if stamp == self._stamp:
             return
         keys = read_authorized_keys(self.path)
-        self._by_key = {k.key: k for k in keys.keys}
+        before, self._by_key = self._by_key, {k.key: k for k in keys.keys}
         self._stamp = stamp
         log.info("authorized keys loaded: %d key(s) from %s", len(self._by_key), self.path)
+        changes = KeyChanges.between(before, self._by_key)
+        if changes and self._loaded and self.on_change is not None:
+            self.on_change(changes)
 
     def lookup(self, z85_key: str, fresh: bool = True) -> AuthorizedKey | None:
         """The key's entry now. `fresh=False` (per request) may use a file state up to
@@ -184,28 +244,59 @@ class KeyRing:
         return found
 
 
+#: Refused handshakes, told once per interval with a count (a client may retry in a loop).
+_refusals = ThrottledLog(log)
+
+
 class _CredentialsProvider:
-    def __init__(self, ring: KeyRing) -> None:
+    """Lets in the keys of the ring; with a `gate`, only when the gate admits them too."""
+
+    def __init__(self, ring: KeyRing, gate: KeyGate | None = None, what: str = "") -> None:
         self._ring = ring
+        self._gate = gate
+        self._what = what
 
     def callback(self, domain: str, key: bytes) -> bool:
-        entry = self._ring.lookup(key.decode("ascii", errors="replace"))
+        text = key.decode("ascii", errors="replace")
+        entry = self._ring.lookup(text)
         if entry is None:
-            log.warning("refused a client key not in %s: %s…", self._ring.path, key[:8].decode())
-        return entry is not None
+            _refusals.warning(
+                "unknown", f"refused a client key not in {self._ring.path}: {text[:8]}…"
+            )
+            return False
+        why = self._gate.admit(text) if self._gate is not None else None
+        if why is not None:
+            _refusals.warning(
+                ("gate", text), f"refused {entry.name}'s key ({text[:8]}…) on {self._what}: {why}"
+            )
+            return False
+        return True
 
 
 class RoleAuthenticator(ThreadAuthenticator):
-    """ZAP handler: only keys in the ring get in; their User-Id is their public key."""
+    """ZAP handler: only keys in the ring get in; their User-Id is their public key. The
+    events socket's domain also asks the events `KeyGate`."""
 
-    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], ring: KeyRing) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        ring: KeyRing,
+        events_gate: KeyGate | None = None,
+    ) -> None:
         super().__init__(context, log=logging.getLogger("gpud.zap"))
         self._ring = ring
+        self._events_gate = events_gate
 
     def start(self) -> None:
         super().start()
         self.configure_curve_callback(
             ZAP_DOMAIN, credentials_provider=_CredentialsProvider(self._ring)
+        )
+        self.configure_curve_callback(
+            EVENTS_ZAP_DOMAIN,
+            credentials_provider=_CredentialsProvider(
+                self._ring, self._events_gate, "the events socket"
+            ),
         )
 
     def curve_user_id(self, client_public_key: bytes) -> str:

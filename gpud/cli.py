@@ -112,6 +112,13 @@ def main() -> None:
     " [/var/lib/kubelet/pod-resources/kubelet.sock].",
 )
 @click.option(
+    "--audit-max-mb",
+    envvar="GPUD_AUDIT_MAX_MB",
+    type=float,
+    help="The audit log and its rotated files (audit.log.1..3) hold at most this many MiB"
+    " together [64].",
+)
+@click.option(
     "--insecure",
     envvar="GPUD_INSECURE",
     is_flag=True,

@@ -12,6 +12,10 @@ Every method is bound to its handler exactly once (`Registry`); a method without
 an error when the daemon starts, never a runtime "not served". The caller's role is looked
 up for every request, so a revoked key loses its rights on open connections too.
 
+Operator methods are audited: each accepted one individually, refusals (including a key
+without the role for the method) in bursts (`gpud.audit`); warnings about a revoked key
+still asking come once per interval with a count (`gpud.bursts`).
+
 Sync handlers run inline (the common, fast case); a handler that returns an awaitable
 runs as a task and replies when it finishes, so a slow request never holds up others.
 """
@@ -31,8 +35,9 @@ from pydantic import BaseModel
 
 from gpud.audit import AuditLog
 from gpud.auth import Authorizer, Caller
+from gpud.bursts import ThrottledLog
 from gpud.drain import Frames, SocketDrain
-from gpud.guard import ConnectionGuard, Limits
+from gpud.guard import ConnectionGuard, Limits, user_id
 from gpud.protocol import (
     MAX_FRAME_BYTES,
     METHODS,
@@ -49,6 +54,8 @@ from gpud.protocol import (
 )
 
 log = logging.getLogger("gpud.control")
+#: A revoked key on an open connection asks as fast as it likes: one line per interval.
+_revoked = ThrottledLog(log)
 
 #: Requests handled per wake-up before yielding to the rest of the loop.
 BATCH = 256
@@ -169,11 +176,17 @@ class ControlServer:
         caller = self._caller(frame)
         if caller is None:
             # Authorized at the handshake, revoked since: refused, like any unknown key.
-            log.warning("refused %s from a key that is no longer authorized", method.name)
+            key = user_id(frame) or "?"
+            _revoked.warning(
+                key, f"refused {method.name} from a key that is no longer authorized ({key[:8]}…)"
+            )
             message = (
                 "your key is not authorized on this node (any more): ask its operator "
                 "to `gpuctl keys authorize` it"
             )
+            if method.role is Role.OPERATOR:
+                who = Caller(Role.VIEWER, f"revoked key {key[:8]}…")
+                self._audit_refusal(method, who, body, ErrorCode.FORBIDDEN, message, "none")
             self._send(identity, encode_error(request.id, ErrorCode.FORBIDDEN, message))
             return
         if not caller.role.allows(method.role):
@@ -181,6 +194,8 @@ class ControlServer:
                 f"{method.name} needs the {method.role.value} role; your key "
                 f"({caller.name}) is a {caller.role.value}"
             )
+            if method.role is Role.OPERATOR:
+                self._audit_refusal(method, caller, body, ErrorCode.FORBIDDEN, message)
             self._send(identity, encode_error(request.id, ErrorCode.FORBIDDEN, message))
             return
         req = _Accepted(identity, request.id, method, body, caller)
@@ -189,11 +204,26 @@ class ControlServer:
     def _caller(self, frame: zmq.Frame) -> Caller | None:
         if self._authorizer is None:
             return INSECURE_CALLER
-        try:
-            user_id = frame.get("User-Id")
-        except zmq.ZMQError:
-            return None
-        return self._authorizer.caller(user_id if isinstance(user_id, str) else None)
+        return self._authorizer.caller(user_id(frame))
+
+    def _audit_refusal(
+        self,
+        method: Method[Any, Any],
+        caller: Caller,
+        body: Message,
+        code: ErrorCode,
+        detail: str,
+        role: str | None = None,
+    ) -> None:
+        self._audit.record(
+            caller.name,
+            role or caller.role.value,
+            method.name,
+            body.model_dump(mode="json"),
+            False,
+            detail,
+            code.value,
+        )
 
     def _dispatch(self, req: _Accepted) -> None:
         handler = self._registry.handler(req.method)
@@ -220,25 +250,27 @@ class ControlServer:
     def _finish(self, req: _Accepted, outcome: BaseModel | Exception) -> None:
         name = req.method.name
         self.served_by[name] += 1
+        code: ErrorCode | None = None
         if isinstance(outcome, ProtocolError):
             reply = encode_error(req.id, outcome.code, outcome.message)
-            ok, detail = False, outcome.message
+            code, detail = outcome.code, outcome.message
         elif isinstance(outcome, Exception):
             log.exception("%s failed", name, exc_info=outcome)
             message = f"internal error in {name}: {type(outcome).__name__}: {outcome}"
             reply = encode_error(req.id, ErrorCode.INTERNAL, message + " (see the gpud log)")
-            ok, detail = False, message
+            code, detail = ErrorCode.INTERNAL, message
         else:
             reply = encode_reply(req.id, outcome)
-            ok, detail = True, None
+            detail = None
         if req.method.role is Role.OPERATOR:
             self._audit.record(
                 req.caller.name,
                 req.caller.role.value,
                 name,
                 req.body.model_dump(mode="json"),
-                ok,
+                code is None,
                 detail,
+                code.value if code is not None else None,
             )
         self._send(req.identity, reply)
 

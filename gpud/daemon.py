@@ -27,9 +27,12 @@ from gpud import __version__
 from gpud.attach.server import INGEST_NAME, AttachServer, prepare_dir
 from gpud.audit import AuditLog
 from gpud.auth import (
+    EVENTS_ZAP_DOMAIN,
     ZAP_DOMAIN,
+    AuthorizedKey,
     Authorizer,
     Caller,
+    KeyChanges,
     KeyRing,
     PeerKeys,
     RoleAuthenticator,
@@ -37,6 +40,7 @@ from gpud.auth import (
     authorized_keys_path,
 )
 from gpud.brief import node_brief, sum_topic
+from gpud.bursts import flush_all
 from gpud.control import CONTROL_LIMITS, Binding, ControlServer, Registry, bind, configure_router
 from gpud.endpoints import endpoint_host, events_endpoint_for
 from gpud.guard import LIBC, ConnectionGuard
@@ -44,6 +48,7 @@ from gpud.hardware.events import detect_events
 from gpud.hardware.host import HostSampler
 from gpud.hardware.node import NodeSampler, open_gpu_sampler
 from gpud.ingest import Ingest
+from gpud.keygate import KeyGate
 from gpud.keys import (
     SERVER_KEY,
     KeyFileError,
@@ -154,6 +159,7 @@ class Daemon:
         self._control_sock: zmq.Socket[bytes] | None = None
         self._events_sock: zmq.Socket[bytes] | None = None
         self._guards: list[ConnectionGuard] = []
+        self._events_gate = KeyGate()
         self._store: Store | None = None
         self._audit: AuditLog | None = None
         self._sampler: NodeSampler | None = None
@@ -206,16 +212,18 @@ class Daemon:
             self.server_public_key, server_secret = server.public, server.secret
             self._keys = server
         self._store = Store(self.state.database)
-        self._audit = AuditLog(self.state.audit_log)
+        self._audit = AuditLog(self.state.audit_log, int(s.audit_max_mb * 2**20))
+        if ring is not None:
+            ring.on_change = self._audit_key_changes
         LIBC.prefer_mmap_for_large_blocks()
         self._ctx = zmq.asyncio.Context()
         if ring is not None:
-            self._auth = RoleAuthenticator(self._ctx, ring)  # type: ignore[arg-type]
+            self._auth = RoleAuthenticator(self._ctx, ring, self._events_gate)  # type: ignore[arg-type]
             self._auth.start()
             self._authorizer = Authorizer(ring)
-        self._control_sock = self._make_socket(zmq.ROUTER, server_secret)
+        self._control_sock = self._make_socket(zmq.ROUTER, server_secret, ZAP_DOMAIN)
         configure_router(self._control_sock)
-        self._events_sock = self._make_socket(zmq.XPUB, server_secret)
+        self._events_sock = self._make_socket(zmq.XPUB, server_secret, EVENTS_ZAP_DOMAIN)
         configure_pub(self._events_sock)
         _bind(self._control_sock, s.control, "--control")
         _bind(self._events_sock, s.events, "--events")
@@ -227,7 +235,12 @@ class Daemon:
         authorized = self._authorizer.authorized if self._authorizer else None
         control_guard = ConnectionGuard(self._control_sock, self._ctx, "control", CONTROL_LIMITS)
         events_guard = ConnectionGuard(
-            self._events_sock, self._ctx, "events", EVENTS_LIMITS, authorized=authorized
+            self._events_sock,
+            self._ctx,
+            "events",
+            EVENTS_LIMITS,
+            authorized=authorized,
+            gate=self._events_gate,
         )
         self._guards = [control_guard, events_guard]
         self._publisher = EventPublisher(self._events_sock, events_guard)
@@ -333,14 +346,17 @@ class Daemon:
         if self._supervisor is not None:
             self._supervisor.on_trainer_message(kind, message)
 
-    def _make_socket(self, kind: int, server_secret: bytes | None) -> zmq.Socket[bytes]:
-        """A plain (not asyncio) socket: the loop reads it through a `SocketDrain`."""
+    def _make_socket(
+        self, kind: int, server_secret: bytes | None, domain: str
+    ) -> zmq.Socket[bytes]:
+        """A plain (not asyncio) socket: the loop reads control through a `SocketDrain`,
+        the events thread the events socket."""
         assert self._ctx is not None
         sock: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(kind)
         if server_secret is not None:
             sock.curve_server = True
             sock.curve_secretkey = server_secret
-            sock.zap_domain = ZAP_DOMAIN.encode()
+            sock.zap_domain = domain.encode()
         return sock
 
     def _authorize_local_user_on_first_start(self) -> None:
@@ -355,6 +371,30 @@ class Daemon:
             name,
             " (created it)" if created else "",
         )
+
+    def _audit_key_changes(self, changes: KeyChanges) -> None:
+        """The daemon's own record of a change of its authorized keys, as it applied it
+        (gpuctl records who made it; a hand edit of the file has only this one)."""
+        audit = self._audit
+        if audit is None:
+            return
+
+        def entry(k: AuthorizedKey, was: AuthorizedKey | None = None) -> dict[str, Any]:
+            out: dict[str, Any] = {"key": k.key, "name": k.name, "role": k.role.value}
+            if was is not None:
+                out["was"] = {"name": was.name, "role": was.role.value}
+            return out
+
+        body = {
+            "added": [entry(k) for k in changes.added],
+            "removed": [entry(k) for k in changes.removed],
+            "changed": [entry(new, old) for old, new in changes.changed],
+        }
+        said = [f"added {k.name} ({k.role.value})" for k in changes.added]
+        said += [f"removed {k.name} ({k.role.value})" for k in changes.removed]
+        said += [f"{new.name}: {old.role.value} → {new.role.value}" for old, new in changes.changed]
+        detail = "applied from authorized_keys.json: " + "; ".join(said)
+        audit.record("authorized_keys.json", "file", "keys.applied", body, True, detail)
 
     def _register_locally(self) -> None:
         s = self.settings
@@ -494,7 +534,8 @@ class Daemon:
         tasks = [
             asyncio.create_task(control.serve(), name="control"),
             asyncio.create_task(self._publisher.serve(), name="events"),
-            *(asyncio.create_task(g.watch(), name=f"guard-{g.name}") for g in self._guards),
+            asyncio.create_task(control_guard.watch(), name="guard-control"),
+            asyncio.create_task(self._housekeeping(), name="housekeeping"),
             asyncio.create_task(self._supervisor.serve(), name="supervisor"),
             asyncio.create_task(self._ingest.serve(), name="ingest"),
             asyncio.create_task(self._sample_forever(), name="sampler"),
@@ -513,6 +554,14 @@ class Daemon:
             await metrics.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+    async def _housekeeping(self) -> None:
+        """Once a second: what throttled logs and the audit log held back, as counts."""
+        while True:
+            await asyncio.sleep(1.0)
+            flush_all()
+            if self._audit is not None:
+                self._audit.flush()
 
     async def _start_metrics(self) -> metrics_endpoint.MetricsEndpoint | None:
         s = self.settings
@@ -565,6 +614,8 @@ class Daemon:
         if self._supervisor is not None:
             self._supervisor.gang.close()
             self._supervisor = None
+        if self._publisher is not None:
+            self._publisher.close()  # the events thread lets go of the XPUB first
         for guard in self._guards:
             guard.close()
         self._guards = []
@@ -584,6 +635,7 @@ class Daemon:
         if self._store is not None:
             self._store.close()
             self._store = None
+        flush_all(everything=True)
         if self._audit is not None:
             self._audit.close()
             self._audit = None

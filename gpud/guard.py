@@ -17,6 +17,13 @@ message is rolled back, a subscriber's trie nodes are removed), and the freed me
 handed back to the OS. A connection whose key was revoked is cut the same way, so a
 revoked viewer stops receiving events within one check.
 
+Subscriptions are also counted per key and in total: libzmq removes a closed connection by
+walking every subscription the socket holds (`bench/xpub_trie.py`), so what all clients
+hold together is what each disconnect costs. A cut for what a client did (not a revoke)
+also tells the socket's `KeyGate`, which then refuses the key's next handshakes for a
+while, so a client that reconnects by itself is not cut again and again. Cuts are logged
+once per key and reason per interval, with a count (`gpud.bursts`).
+
 Non-TCP connections (ipc://, reachable only by the daemon's own user) are not measured.
 """
 
@@ -36,6 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+
+from gpud.bursts import ThrottledLog
+from gpud.keygate import KeyGate
 
 log = logging.getLogger("gpud.guard")
 
@@ -57,6 +67,7 @@ class Limits:
     total_in_flight_bytes: int
     subscriptions: int = 0
     subscription_bytes: int = 0
+    subscription_bytes_per_key: int = 0
     total_subscription_bytes: int = 0
     longest_subscription: int = 0
 
@@ -69,10 +80,7 @@ class _Connection:
     key: str | None = None
     topics: dict[bytes, int] = field(default_factory=dict)  # topic → times subscribed
     topic_bytes: int = 0
-
-    @property
-    def subscriptions(self) -> int:
-        return sum(self.topics.values())
+    subscriptions: int = 0
 
 
 def _bytes_read_by_zmq(fd: int) -> int | None:
@@ -153,12 +161,17 @@ class ConnectionGuard:
         name: str,
         limits: Limits,
         authorized: Callable[[str], bool] | None = None,
+        gate: KeyGate | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.limits = limits
         self._authorized = authorized
+        self.gate = gate
         self._clock = clock
+        self._log = ThrottledLog(log, clock=clock)
+        self._key_bytes: dict[str, int] = {}  # subscribed bytes per key
+        self.subscription_bytes = 0  # across every connection
         address = f"inproc://gpud-guard-{name}-{id(self)}"
         sock.monitor(address, _MONITOR_EVENTS)
         # inproc addresses live in one context: read the monitor through a plain shadow of
@@ -171,6 +184,9 @@ class ConnectionGuard:
         self._monitor.connect(address)
         self._sock = sock
         self.connections: dict[int, _Connection] = {}
+        # Connections cut, by fd, until a new connection is accepted on the fd: libzmq still
+        # hands over what a cut connection had queued, which is neither counted nor applied.
+        self._cut_fds: set[int] = set()
         self.cut = 0
         self._trim_at: float | None = None
 
@@ -185,58 +201,113 @@ class ConnectionGuard:
             conn = self.connections.setdefault(fd, _Connection(fd))
         return conn
 
+    def _was_cut(self, fd: int) -> bool:
+        """Whether a message on `fd` is a leftover of a connection the guard cut."""
+        if fd not in self._cut_fds:
+            return False
+        self._read_monitor()  # a new connection on the fd may have been accepted since
+        return fd in self._cut_fds
+
     def received(self, frames: list[zmq.Frame]) -> None:
         """The application was handed these frames (one message)."""
         if not frames:
             return
         fd = _source_fd(frames[-1])
-        if fd is None:
+        if fd is None or self._was_cut(fd):
             return
         conn = self._conn(fd)
         conn.accounted += sum(len(f) + FRAME_OVERHEAD for f in frames)
         if conn.key is None:
-            conn.key = _user_id(frames[-1])
+            conn.key = user_id(frames[-1])
 
     def subscription(self, frame: zmq.Frame) -> bool:
         """An XPUB notification: `\\x01topic` subscribed, `\\x00topic` cancelled.
 
-        Returns whether to apply it: False once its connection is over its allowance (and
-        cut). Connections the guard does not measure (ipc://) are always allowed.
+        Returns whether to apply it: False once its connection is over its allowance, its
+        key's or the socket's (and cut). Connections the guard does not measure (ipc://)
+        are always allowed.
         """
         fd = _source_fd(frame)
         if fd is None:
             return True
+        if self._was_cut(fd):
+            return False
         conn = self._conn(fd)
         data = frame.bytes
         conn.accounted += len(data) + FRAME_OVERHEAD
         if conn.key is None:
-            conn.key = _user_id(frame)
+            conn.key = user_id(frame)
         if not data:
             return False
+        if conn.key is not None and self.gate is not None and self.gate.penalized(conn.key):
+            # Connected before its key was refused; its subscriptions are not wanted either.
+            self._cut(conn, "refused", "its key was cut for abuse a moment ago", abuse=False)
+            return False
         topic = data[1:]
-        if data[0] == 1:
-            conn.topics[topic] = conn.topics.get(topic, 0) + 1
-            conn.topic_bytes += len(topic)
-        elif data[0] == 0 and topic in conn.topics:
-            conn.topics[topic] -= 1
-            conn.topic_bytes -= len(topic)
-            if not conn.topics[topic]:
-                del conn.topics[topic]
         limits = self.limits
         if len(topic) > limits.longest_subscription:
-            self._cut(conn, f"a subscription of {len(topic)} bytes (topics are short)")
+            self._cut(conn, "long", f"a subscription of {len(topic)} bytes (topics are short)")
             return False
+        if data[0] == 1:
+            self._count(conn, topic, 1)
+        elif data[0] == 0 and topic in conn.topics:
+            self._count(conn, topic, -1)
+        key_bytes = self._key_bytes.get(conn.key, 0) if conn.key is not None else 0
         if (
             conn.subscriptions > limits.subscriptions
             or conn.topic_bytes > limits.subscription_bytes
         ):
             self._cut(
                 conn,
+                "connection",
                 f"{conn.subscriptions} subscriptions ({conn.topic_bytes} bytes) over the "
                 f"allowance of {limits.subscriptions} ({limits.subscription_bytes} bytes)",
             )
             return False
+        if limits.subscription_bytes_per_key and key_bytes > limits.subscription_bytes_per_key:
+            self._cut(
+                conn,
+                "key",
+                f"its key's connections subscribe {key_bytes} bytes, over the allowance of "
+                f"{limits.subscription_bytes_per_key} bytes per key",
+            )
+            return False
+        total = limits.total_subscription_bytes
+        if total and self.subscription_bytes > total:
+            self._cut(
+                conn,
+                "total",
+                f"the {self.name} socket's subscriptions are full ({total} bytes across clients)",
+            )
+            return False
         return True
+
+    def _count(self, conn: _Connection, topic: bytes, sign: int) -> None:
+        if sign > 0:
+            conn.topics[topic] = conn.topics.get(topic, 0) + 1
+        else:
+            conn.topics[topic] -= 1
+            if not conn.topics[topic]:
+                del conn.topics[topic]
+        size = sign * len(topic)
+        conn.subscriptions += sign
+        conn.topic_bytes += size
+        self.subscription_bytes += size
+        if conn.key is not None:
+            self._key_bytes[conn.key] = self._key_bytes.get(conn.key, 0) + size
+
+    def _forget(self, fd: int) -> None:
+        """A connection is gone (closed or cut): what it subscribed no longer counts."""
+        conn = self.connections.pop(fd, None)
+        if conn is None or not conn.topic_bytes:
+            return
+        self.subscription_bytes -= conn.topic_bytes
+        if conn.key is not None:
+            left = self._key_bytes.get(conn.key, 0) - conn.topic_bytes
+            if left > 0:
+                self._key_bytes[conn.key] = left
+            else:
+                self._key_bytes.pop(conn.key, None)
 
     # ------------------------------------------------------------------ checking
 
@@ -258,9 +329,10 @@ class ConnectionGuard:
             if conn.in_flight < 0:  # framing over-counted: re-base, never drift
                 conn.accounted, conn.in_flight = read, 0
             if conn.in_flight > limits.in_flight_bytes:
-                self._cut(conn, f"{conn.in_flight / 2**20:.1f} MiB in flight in one message")
+                why = f"{conn.in_flight / 2**20:.1f} MiB in flight in one message"
+                self._cut(conn, "in flight", why)
             elif conn.key is not None and self._authorized and not self._authorized(conn.key):
-                self._cut(conn, "its key is no longer authorized")
+                self._cut(conn, "revoked", "its key is no longer authorized", abuse=False)
         self._hold_totals()
         if self._trim_at is not None and self._clock() >= self._trim_at:
             self._trim_at = None
@@ -271,13 +343,9 @@ class ConnectionGuard:
         live = list(self.connections.values())
         while sum(c.in_flight for c in live) > limits.total_in_flight_bytes:
             worst = max(live, key=lambda c: c.in_flight)
-            self._cut(worst, f"the {self.name} socket holds too much in flight across clients")
+            why = f"the {self.name} socket holds too much in flight across clients"
+            self._cut(worst, "in flight", why)
             live.remove(worst)
-        if limits.total_subscription_bytes:
-            while sum(c.topic_bytes for c in live) > limits.total_subscription_bytes:
-                worst = max(live, key=lambda c: c.topic_bytes)
-                self._cut(worst, "subscriptions across clients are over the socket's budget")
-                live.remove(worst)
 
     def _read_monitor(self) -> None:
         while self._monitor.poll(0):
@@ -286,17 +354,34 @@ class ConnectionGuard:
                 continue
             event, value = struct.unpack("=HI", frames[0][:6])
             if event == zmq.EVENT_ACCEPTED:
+                self._forget(value)  # a closed connection's fd, reused before we heard
+                self._cut_fds.discard(value)
                 self.connections[value] = _Connection(value)
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                self.connections.pop(value, None)
+                self._forget(value)
+                self._trim_soon()
 
-    def _cut(self, conn: _Connection, why: str) -> None:
+    def _cut(self, conn: _Connection, kind: str, why: str, abuse: bool = True) -> None:
+        """Shut `conn` down. `kind` groups the log's lines; `abuse`: for what the client did
+        (not for a revoke), so its key waits at the gate before it may connect again."""
         peer = _shut_down(conn.fd)
-        self.connections.pop(conn.fd, None)
+        self._forget(conn.fd)
+        self._cut_fds.add(conn.fd)
         self.cut += 1
         who = f" (key {conn.key[:8]}…)" if conn.key else ""
-        log.warning("%s socket: cut the connection from %s%s: %s", self.name, peer, who, why)
-        self._trim_at = self._clock() + 0.2  # once libzmq has freed what it held
+        then = ""
+        if abuse and conn.key is not None and self.gate is not None:
+            self.gate.penalize(conn.key)
+            then = f"; the key is refused here for {self.gate.penalty_s:.0f} s"
+        line = f"{self.name} socket: cut the connection from {peer}{who}: {why}{then}"
+        self._log.warning((kind, conn.key), line)
+        self._trim_soon()
+
+    def _trim_soon(self) -> None:
+        """Give freed heap back to the OS shortly, once libzmq has freed what a closed
+        connection held (its pipe, its subscriptions): at most every 0.2 s."""
+        if self._trim_at is None:
+            self._trim_at = self._clock() + 0.2
 
     def close(self) -> None:
         try:
@@ -306,7 +391,8 @@ class ConnectionGuard:
         self._monitor.close(linger=0)
 
 
-def _user_id(frame: zmq.Frame) -> str | None:
+def user_id(frame: zmq.Frame) -> str | None:
+    """The CURVE key a message came with (its connection's ZAP User-Id), if any."""
     try:
         value = frame.get("User-Id")
     except zmq.ZMQError:

@@ -75,6 +75,13 @@ class ServeSettings(BaseModel):
         description="the kubelet's pod-resources socket: which pod each GPU is allocated to"
         " (used where it exists; in a pod without it, pods come from cgroups alone)",
     )
+    audit_max_mb: float = Field(
+        64.0,
+        ge=0.1,
+        le=1_000_000.0,
+        description="the audit log and its rotated files (audit.log.1..3) hold at most this"
+        " many MiB together; the oldest records go first",
+    )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")
 

@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from gpud.audit import AUDIT_LOG
 from gpud.paths import ensure_private_dir
 
 
@@ -43,7 +44,7 @@ class StateDir:
 
     @property
     def audit_log(self) -> Path:
-        return self.root / "audit.log"
+        return self.root / AUDIT_LOG
 
     @property
     def runs(self) -> Path:

@@ -5,6 +5,14 @@ snapshot, the runs, their health. The HTTP side is deliberately small — one re
 connection, GET /metrics only — with a cap on concurrent connections, a deadline for the
 request head and a size limit, so a bad client costs nothing. TLS, and client
 certificates, come from the standard `ssl` module, as prometheus-client's own server does.
+
+A scraper comes before a slow client: when every slot is taken, a new connection takes
+the slot of the connection that has waited longest for its request head (a complete
+request is read and answered in milliseconds; only a client that never finishes its head
+waits long), and once half the slots are taken a new connection has a shorter deadline
+for its head. Under 200 reconnecting slow clients a scraper gets every scrape
+(`tests/faults/test_metrics_slowloris.py`); with a fixed cap and a 5 s deadline alone it
+got almost none, as the slow clients took each slot the moment it was free.
 """
 
 from __future__ import annotations
@@ -29,8 +37,12 @@ log = logging.getLogger("gpud.prometheus")
 #: Requests may not take longer than this to send their head, nor be larger.
 HEAD_TIMEOUT_S = 5.0
 HEAD_LIMIT = 8 * 1024
-#: Scrapers at once; more are turned away at once (Prometheus scrapes one at a time).
-MAX_CONNECTIONS = 16
+#: The deadline for the head of a connection that comes while half the slots are taken.
+BUSY_HEAD_TIMEOUT_S = 1.0
+#: Connections at once (Prometheus scrapes one at a time). Past this, a new connection
+#: takes the slot of the one that has waited longest for its head, or is turned away when
+#: every connection is being answered.
+MAX_CONNECTIONS = 64
 
 
 @dataclass(frozen=True)
@@ -110,15 +122,21 @@ class MetricsEndpoint:
         self._source = source
         self._ssl = tls.context() if tls is not None else None
         self._open = 0
+        self._heads: dict[int, asyncio.StreamWriter] = {}  # still reading, oldest first
         self._server: asyncio.Server | None = None
         self.scrapes = 0
+        self.evicted = 0
 
     def render(self) -> bytes:
         return render(self._source())
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._serve, sock=self._sock, ssl=self._ssl, limit=HEAD_LIMIT
+            self._serve,
+            sock=self._sock,
+            ssl=self._ssl,
+            limit=HEAD_LIMIT,
+            ssl_handshake_timeout=HEAD_TIMEOUT_S if self._ssl else None,
         )
         log.info("metrics on %s://%s:%d/metrics", "https" if self._ssl else "http",
                  self.host, self.port)  # fmt: skip
@@ -128,13 +146,31 @@ class MetricsEndpoint:
             self._server.close()
             await self._server.wait_closed()
 
+    def _make_room(self) -> bool:
+        """A slot for a new connection: the one of the connection waiting longest for its
+        request head, when every slot is taken. False when there is none to take."""
+        if self._open < MAX_CONNECTIONS:
+            return True
+        for oldest in self._heads.values():
+            oldest.transport.abort()  # its read fails at once and its handler ends
+            self.evicted += 1
+            return True
+        return False
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._open >= MAX_CONNECTIONS:
+        if not self._make_room():
             writer.close()
             return
+        head_s = BUSY_HEAD_TIMEOUT_S if self._open >= MAX_CONNECTIONS // 2 else HEAD_TIMEOUT_S
         self._open += 1
+        self._heads[id(writer)] = writer
         try:
-            status, body, kind = await self._answer(reader)
+            try:
+                status, body, kind = await self._answer(reader, head_s)
+            finally:
+                self._heads.pop(id(writer), None)
+            if writer.transport.is_closing():
+                return  # evicted for a newer connection, or gone: nobody to answer
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -147,10 +183,10 @@ class MetricsEndpoint:
             self._open -= 1
             writer.close()
 
-    async def _answer(self, reader: asyncio.StreamReader) -> tuple[str, bytes, str]:
+    async def _answer(self, reader: asyncio.StreamReader, head_s: float) -> tuple[str, bytes, str]:
         text = "text/plain; charset=utf-8"
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), head_s)
         except asyncio.LimitOverrunError:
             return "431 Request Header Fields Too Large", b"request head too large\n", text
         except asyncio.IncompleteReadError:

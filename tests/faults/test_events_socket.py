@@ -14,16 +14,15 @@ import sys
 import time
 
 import pytest
-import zmq
 
-from gpud.protocol import Role, hw_topic
+from gpud.protocol import Role
 from tests.support.adversary import (
     MB,
     authorized_keys,
-    curve_socket,
     log_lines_with,
     rss,
     settle_rss,
+    viewer_gets_telemetry,
 )
 from tests.support.daemons import RunningDaemon
 
@@ -38,24 +37,11 @@ CASES = {
 }
 
 
-def _viewer_gets_telemetry(daemon: RunningDaemon) -> None:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    keys = authorized_keys(daemon, Role.VIEWER, "good-viewer")
-    sub = curve_socket(ctx, zmq.SUB, daemon, keys)
-    try:
-        sub.setsockopt(zmq.SUBSCRIBE, hw_topic(daemon.node).encode())
-        assert sub.poll(10_000), "a well-behaved viewer got no telemetry"
-        assert sub.recv_multipart()[0].decode() == hw_topic(daemon.node)
-    finally:
-        sub.close()
-        ctx.term()
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_viewer_cannot_grow_the_daemon_through_the_events_socket(
     daemon: RunningDaemon, case: str
 ) -> None:
-    _viewer_gets_telemetry(daemon)  # warm: sockets and buffers in place
+    viewer_gets_telemetry(daemon)  # warm: sockets and buffers in place
     baseline = rss(daemon)
     keys = authorized_keys(daemon, Role.VIEWER, "bad-viewer")
     server_key = daemon.target().server_key
@@ -75,5 +61,5 @@ def test_a_viewer_cannot_grow_the_daemon_through_the_events_socket(
     )
     with daemon.client(timeout_s=5.0) as client:
         assert client.node_info().node == daemon.node
-    _viewer_gets_telemetry(daemon)
+    viewer_gets_telemetry(daemon)
     assert not log_lines_with(daemon, "Traceback"), daemon.log()

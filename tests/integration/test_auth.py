@@ -110,8 +110,12 @@ def test_viewer_reads_but_operator_actions_are_forbidden(daemon: RunningDaemon) 
     assert (
         "needs the operator role" in err.value.message and "(vic) is a viewer" in err.value.message
     )
-    audit = (daemon.state_dir / "audit.log").read_text()
-    assert "vic" not in audit  # refused actions are not accepted actions
+    audit = [json.loads(line) for line in (daemon.state_dir / "audit.log").read_text().splitlines()]
+    by_vic = [r for r in audit if r["caller"] == "vic"]
+    # A refused action is audited as a refusal, never as an accepted action.
+    assert [(r["action"], r["ok"], r["code"]) for r in by_vic] == [
+        ("node.events.ack", False, "forbidden")
+    ]
     daemon.client().ack_events()
     last = (daemon.state_dir / "audit.log").read_text().splitlines()[-1]
     assert json.loads(last)["role"] == "operator"

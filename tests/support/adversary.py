@@ -14,7 +14,7 @@ import zmq
 
 from gpud.auth import authorize
 from gpud.keys import KeyPair
-from gpud.protocol import Role
+from gpud.protocol import Role, hw_topic
 from tests.support.daemons import RunningDaemon
 
 MB = 2**20
@@ -50,6 +50,20 @@ def curve_socket(
     return sock
 
 
+def viewer_gets_telemetry(daemon: RunningDaemon) -> None:
+    """A well-behaved viewer, with a key of its own, gets the node's snapshots."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    keys = authorized_keys(daemon, Role.VIEWER, "good-viewer")
+    sub = curve_socket(ctx, zmq.SUB, daemon, keys)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, hw_topic(daemon.node).encode())
+        assert sub.poll(10_000), "a well-behaved viewer got no telemetry"
+        assert sub.recv_multipart()[0].decode() == hw_topic(daemon.node)
+    finally:
+        sub.close()
+        ctx.term()
+
+
 def rss(daemon: RunningDaemon) -> int:
     return int(psutil.Process(daemon.proc.pid).memory_info().rss)
 
@@ -75,3 +89,26 @@ def log_lines_with(daemon: RunningDaemon, text: str) -> list[str]:
 def audit_records(state_dir: Path) -> list[str]:
     path = state_dir / "audit.log"
     return path.read_text().splitlines() if path.exists() else []
+
+
+def thread_cpu(daemon: RunningDaemon) -> dict[str, float]:
+    """CPU seconds of each of the daemon's threads, by name (threads of one name summed,
+    the loop's own thread as "loop"): which thread a case kept busy."""
+    out: dict[str, float] = {}
+    pid = daemon.proc.pid
+    for thread in psutil.Process(pid).threads():
+        try:
+            name = Path(f"/proc/{pid}/task/{thread.id}/comm").read_text().strip()
+        except OSError:
+            continue
+        if thread.id == pid:
+            name = "loop"
+        out[name] = out.get(name, 0.0) + thread.user_time + thread.system_time
+    return out
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> str:
+    """What each thread spent between two `thread_cpu` readings, busiest first."""
+    spent = {name: after[name] - before.get(name, 0.0) for name in after}
+    busy = sorted(((s, n) for n, s in spent.items() if s >= 0.01), reverse=True)
+    return ", ".join(f"{n} {s:.2f} s" for s, n in busy) or "nothing"

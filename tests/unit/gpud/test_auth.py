@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import stat
+import time
 from pathlib import Path
 
 import pytest
 import zmq
 
+from gpud.audit import local_user
 from gpud.auth import (
     RECHECK_S,
     Authorizer,
     Caller,
+    KeyChanges,
     KeyRing,
     authorize,
     authorized_keys_path,
@@ -104,3 +108,37 @@ def test_handshakes_see_a_new_key_at_once(tmp_path: Path) -> None:
     assert ring.lookup(key) is None
     authorize(tmp_path, key, Role.VIEWER, "erin")
     assert ring.lookup(key) is not None  # fresh by default: what the ZAP handler uses
+
+
+def test_key_changes_are_audited_with_who_what_and_when(tmp_path: Path) -> None:
+    key = new_public_key()
+    before = time.time()
+    authorize(tmp_path, key, Role.VIEWER, "frank")
+    assert not authorize(tmp_path, key, Role.VIEWER, "frank")  # no change, no record
+    authorize(tmp_path, key, Role.OPERATOR, "frank")
+    revoke(tmp_path, key)
+    records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    assert [r["action"] for r in records] == ["keys.authorize", "keys.authorize", "keys.revoke"]
+    assert all(r["caller"] == local_user() and r["role"] == "local" for r in records)
+    assert all(before <= r["time"] <= time.time() and r["ok"] for r in records)
+    assert records[0]["body"] == {"key": key, "name": "frank", "role": "viewer"}
+    assert records[1]["body"]["was"] == {"name": "frank", "role": "viewer"}
+    assert "as operator, was viewer" in records[1]["detail"]
+    assert records[2]["body"] == {"key": key, "name": "frank", "role": "operator"}
+
+
+def test_the_ring_reports_what_each_reload_changed(tmp_path: Path) -> None:
+    kept, dropped, added = new_public_key(), new_public_key(), new_public_key()
+    authorize(tmp_path, kept, Role.VIEWER, "gina")
+    authorize(tmp_path, dropped, Role.OPERATOR, "hal")
+    seen: list[KeyChanges] = []
+    ring = KeyRing(authorized_keys_path(tmp_path), on_change=seen.append)
+    assert seen == []  # the first load is no change
+    authorize(tmp_path, kept, Role.OPERATOR, "gina")
+    revoke(tmp_path, dropped)
+    authorize(tmp_path, added, Role.VIEWER, "ivy")
+    ring.lookup(kept)
+    (changes,) = seen
+    assert [k.name for k in changes.added] == ["ivy"]
+    assert [k.name for k in changes.removed] == ["hal"]
+    assert [(old.role, new.role) for old, new in changes.changed] == [(Role.VIEWER, Role.OPERATOR)]
