@@ -269,10 +269,7 @@ def assess(
                 f"outside the run's GPU lease: {where} (does the script override"
                 " CUDA_VISIBLE_DEVICES or pick a device by hand?)"
             )
-        if nccl_warnings:
-            reasons.append(f"{nccl_warnings} NCCL warning(s)")
-        for trouble in gpu_trouble:
-            reasons.append(f"GPU {trouble.gpu_index} on {trouble.node}: {trouble.describe()}")
+        reasons += _trouble(nccl_warnings, gpu_trouble)
         if (
             bandwidth is not None
             and bandwidth.baseline_gbps
@@ -308,6 +305,12 @@ def assess(
         last_nccl_warning=last_nccl_warning,
         gpu_trouble=gpu_trouble,
     )
+
+
+def _trouble(nccl_warnings: int, gpu_trouble: list[GpuTrouble]) -> list[str]:
+    """The reasons NCCL's warnings and the run's GPUs give, whatever health is judged from."""
+    found = [f"{nccl_warnings} NCCL warning(s)"] if nccl_warnings else []
+    return found + [f"GPU {t.gpu_index} on {t.node}: {t.describe()}" for t in gpu_trouble]
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -354,10 +357,7 @@ def assess_by_output(
             " (judged from its output: the script does not use the trainers library)",
         )
         reasons.append(stall.why)
-    if nccl_warnings:
-        reasons.append(f"{nccl_warnings} NCCL warning(s)")
-    for trouble in gpu_trouble:
-        reasons.append(f"GPU {trouble.gpu_index} on {trouble.node}: {trouble.describe()}")
+    reasons += _trouble(nccl_warnings, gpu_trouble)
     verdict: Verdict = "stalled" if stall else ("degraded" if len(reasons) > 1 else "ok")
     return HealthSummary(
         run_id=run_id,

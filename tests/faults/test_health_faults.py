@@ -16,23 +16,14 @@ from contextlib import contextmanager
 import psutil
 import pytest
 
-from gpud.protocol import RUN_HEALTH, RunRef
 from gpud.runmodel import HealthSummary
 from tests.support.daemons import RunningDaemon, gpuctl
-from tests.support.runs import FAST, launch, nothing_left, ranks_of, wait_for_step
+from tests.support.runs import FAST, health, launch, nothing_left, ranks_of, wait_for_step
 
 pytestmark = pytest.mark.faults
 
 TIMEOUT_S = 120
 SLOW = "args=[--width, '1024', --depth, '4', --log-every, '5']"
-
-
-def read_health(daemon: RunningDaemon, run_id: str) -> HealthSummary:
-    """What `gpuctl health` reads: the daemon's latest summary."""
-    with daemon.client() as client:
-        reply = client.call(RUN_HEALTH, RunRef(run=run_id))
-    assert isinstance(reply, HealthSummary)
-    return reply
 
 
 def until(
@@ -45,7 +36,7 @@ def until(
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        last = read_health(daemon, run_id)
+        last = health(daemon, run_id)
         if ok(last):
             return last
         time.sleep(0.2)
@@ -89,7 +80,7 @@ def test_a_stopped_rank_is_the_stall_culprit_and_the_countdown_moves(
                 "a stall with rank 1 as its culprit",
             )
             time.sleep(2.0)
-            later = read_health(daemon, run_id)
+            later = health(daemon, run_id)
         finally:
             victim.resume()
     assert stalled.verdict == "stalled", stalled.reasons
@@ -127,7 +118,7 @@ def test_a_rank_resumed_after_a_pause_is_not_a_straggler(daemon: RunningDaemon) 
         reads = []
         deadline = time.monotonic() + 8.0
         while time.monotonic() < deadline:
-            reads.append(read_health(daemon, run_id))
+            reads.append(health(daemon, run_id))
             time.sleep(0.25)
     flagged = [(h.straggler, h.reasons) for h in reads if h.straggler or h.verdict != "ok"]
     assert not flagged, flagged
@@ -163,7 +154,7 @@ def test_no_straggler_in_the_30_s_after_a_rank_of_a_two_node_run_continues(
         reads: list[HealthSummary] = []
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
-            reads.append(read_health(node0, run_id))
+            reads.append(health(node0, run_id))
             time.sleep(0.5)
     finally:
         stopped = gpuctl("--node", node0.address, "stop", run_id, "--force", timeout=60)

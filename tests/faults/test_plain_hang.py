@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gpud.protocol import RUN_HEALTH, RunRef
-from gpud.runmodel import HealthSummary, RunState
+from gpud.runmodel import RunState
 from gpud.runs.health import NO_HEARTBEATS
 from tests.support.daemons import RunningDaemon, gpuctl
-from tests.support.runs import nothing_left, script_spec, wait_for
+from tests.support.runs import health, nothing_left, script_spec, wait_for
 from tests.support.waiting import until
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -42,13 +41,6 @@ dist.barrier()
 dist.destroy_process_group()
 os._exit(0)
 """
-
-
-def health(daemon: RunningDaemon, run_id: str) -> HealthSummary:
-    with daemon.client() as client:
-        reply = client.call(RUN_HEALTH, RunRef(run=run_id))
-    assert isinstance(reply, HealthSummary)
-    return reply
 
 
 def test_a_plain_script_that_hangs_is_restarted_from_its_output(

@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 
 from gpud.client import Client
-from gpud.protocol import RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef, RunStatus
-from gpud.runmodel import RunState
+from gpud.protocol import RUN_HEALTH, RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef, RunStatus
+from gpud.runmodel import HealthSummary, RunState
 from gpud.runs import procs
 from tests.support.daemons import RunningDaemon, gpuctl
 
@@ -62,6 +62,14 @@ def status(daemon: RunningDaemon, run_id: str) -> RunStatus:
     with Client(daemon.target(), timeout_s=5) as client:
         reply = client.call(RUN_STATUS, RunRef(run=run_id))
     assert isinstance(reply, RunStatus)
+    return reply
+
+
+def health(daemon: RunningDaemon, run_id: str) -> HealthSummary:
+    """What `gpuctl health` reads: the daemon's latest summary."""
+    with Client(daemon.target(), timeout_s=5) as client:
+        reply = client.call(RUN_HEALTH, RunRef(run=run_id))
+    assert isinstance(reply, HealthSummary)
     return reply
 
 
