@@ -70,7 +70,9 @@ def test_a_silent_node_is_offline_within_3_s_and_comes_back(daemon: RunningDaemo
     try:
         wait_until(lambda: model.online(key), 15, "the node online")
         node = model.nodes[key]
-        wait_until(lambda: node.info is not None and node.brief is not None, 10, "node info")
+        # `node.briefs`, not `node.brief`: until the daemon's first brief, the view derives
+        # one from each full snapshot (which is what it subscribes to until then).
+        wait_until(lambda: node.info is not None and node.briefs, 10, "node info and a brief")
         assert node.simulated and node.brief is not None and len(node.brief.gpus) == 8
         assert node.snapshot is None  # full snapshots only for a node on screen
         daemon.proc.send_signal(signal.SIGSTOP)  # the daemon goes silent, sockets stay open
