@@ -152,10 +152,13 @@ def _slurm_launch(ctl: Ctl, spec: RunSpec, dry_run: bool) -> None:
 
 
 def _warn_checkpoint_dir(spec: RunSpec, run_dir: str) -> None:
-    """A Slurm run looks for checkpoints as a daemon does: warn as a daemon would."""
+    """A Slurm run looks for checkpoints as a daemon does: warn as a daemon would (and
+    say what a script without the library gets)."""
     warning = unset_dir_warning(spec, os.path.join(run_dir, "checkpoints"))
     if warning:
         click.echo(f"gpuctl: warning: {warning}", err=True)
+    if (note := plain_script_note(spec)) is not None:
+        click.echo(note, err=True)
 
 
 def _abandon(ctl: Ctl, coordinator: NodeTarget, run_id: str) -> None:
@@ -238,8 +241,7 @@ def launch_command(
         spec = load_spec(config, list(overrides), name)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
-    if (note := plain_script_note(spec)) is not None:
-        click.echo(note, err=True)
+    note = plain_script_note(spec)  # said once the launch went through, as the warnings are
     if slurm or spec.slurm is not None:
         _slurm_launch(ctl, spec, dry_run)
         return
@@ -252,6 +254,8 @@ def launch_command(
         fail(str(exc), exc.code)
     for warning in reply.warnings:
         click.echo(f"gpuctl: warning: {warning}", err=True)
+    if note is not None:
+        click.echo(note, err=True)
     if dry_run:
         plans = [p for p in [reply.plan, *(j.plan for j in joins)] if p is not None]
         if ctl.json:
