@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpud.runmodel import AttemptRecord, MetricPoint, RunEvent, RunRecord
-from gpud.snapshot import NodeEvent
+from gpud.snapshot import Hold, NodeEvent
 
 #: The most of each kind of row kept in memory while the disk is full.
 MAX_RUN_EVENTS = 20_000
@@ -72,6 +72,8 @@ class Backlog:
     node_events: deque[NodeEvent] = field(default_factory=lambda: deque(maxlen=MAX_NODE_EVENTS))
     metrics: deque[MetricPoint] = field(default_factory=lambda: deque(maxlen=MAX_METRIC_POINTS))
     leases: list[LeaseChange] = field(default_factory=list)
+    #: Quarantines and drains by target (a GPU's UUID or the node): None is a lifted one.
+    holds: dict[str, tuple[int | None, Hold | None]] = field(default_factory=dict)
     #: Dropped for want of room in memory too (counted for the log).
     dropped_events: int = 0
     #: Runs whose metrics were dropped here: read their metrics.jsonl again.
@@ -85,6 +87,7 @@ class Backlog:
             + len(self.node_events)
             + len(self.metrics)
             + len(self.leases)
+            + len(self.holds)
         )
 
     # ------------------------------------------------------------------ adding

@@ -53,11 +53,21 @@ class NodeHealthBrief(Reading):
     link_errors: int = Field(0, description="NVLink CRC/replay/recovery, PCIe replays, IB")
     ecc_uncorrected: int = 0
     lost: list[int] = Field(default_factory=list)
+    quarantined: list[int] = Field(default_factory=list, description="GPUs gpud found unsafe")
+    drained: list[int] = Field(default_factory=list, description="GPUs an operator drained")
+    node_drained: str | None = Field(None, description="the node's drain: by whom, and why")
 
     @property
     def ok(self) -> bool:
         return not (
-            self.xid or self.throttled or self.link_errors or self.ecc_uncorrected or self.lost
+            self.xid
+            or self.throttled
+            or self.link_errors
+            or self.ecc_uncorrected
+            or self.lost
+            or self.quarantined
+            or self.drained
+            or self.node_drained
         )
 
 
@@ -127,6 +137,13 @@ def node_health(snapshot: NodeSnapshot | None) -> NodeHealthBrief:
         link_errors=links,
         ecc_uncorrected=sum(g.ecc_uncorrected_volatile or 0 for g in snapshot.gpus),
         lost=[g.index for g in snapshot.gpus if g.lost],
+        quarantined=[g.index for g in snapshot.gpus if g.hold and g.hold.kind == "quarantine"],
+        drained=[g.index for g in snapshot.gpus if g.hold and g.hold.kind == "drain"],
+        node_drained=(
+            f"{snapshot.drained.by or 'an operator'}: {snapshot.drained.reason}"
+            if snapshot.drained
+            else None
+        ),
     )
 
 

@@ -47,6 +47,8 @@ from gpud.guard import LIBC, ConnectionGuard
 from gpud.hardware.events import detect_events
 from gpud.hardware.host import HostSampler
 from gpud.hardware.node import NodeSampler, open_gpu_sampler
+from gpud.heal.holds import Holds
+from gpud.heal.service import Healing
 from gpud.ingest import Ingest
 from gpud.keygate import KeyGate
 from gpud.keys import (
@@ -62,10 +64,12 @@ from gpud.kube.pods import KubePods, on_kubernetes
 from gpud.prometheus import endpoint as metrics_endpoint
 from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
 from gpud.protocol import (
+    NODE_DRAIN,
     NODE_EVENTS,
     NODE_EVENTS_ACK,
     NODE_HW,
     NODE_INFO,
+    NODE_UNDRAIN,
     PART_HEALTH,
     PART_RELEASE,
     PART_RESERVE,
@@ -84,11 +88,14 @@ from gpud.protocol import (
     RUN_STOP,
     AckEventsReply,
     AckEventsRequest,
+    DrainReply,
+    DrainRequest,
     Empty,
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
     Role,
+    UndrainRequest,
     hw_topic,
     node_event_topic,
 )
@@ -98,7 +105,7 @@ from gpud.runs.attached import AttachConfig
 from gpud.runs.simload import SimulatedLoads
 from gpud.runs.supervisor import Supervisor
 from gpud.settings import ServeSettings
-from gpud.snapshot import GpuSample, NodeSnapshot
+from gpud.snapshot import GpuSample, NodeEvent, NodeSnapshot
 from gpud.statedir import StateDir, StateDirBusy
 from gpud.store import Store
 
@@ -175,6 +182,7 @@ class Daemon:
         self._metrics_sock: socket.socket | None = None
         self._process = DaemonProcess()
         self._control: ControlServer | None = None
+        self._healing: Healing | None = None
 
     # ------------------------------------------------------------------ start-up
 
@@ -267,6 +275,13 @@ class Daemon:
         )
         self._latest = self._sampler.sample()
         self._start_runs()
+        assert self._supervisor is not None
+        self._healing = Healing(
+            Holds(self._store, s.node_name, self._clock), self._supervisor,
+            self._snapshot, self._replace_latest, self._emit_node_events,
+        )  # fmt: skip
+        self._latest, quarantined = self._healing.observe(self._latest)
+        self._emit_node_events(quarantined)
         self.registry()  # every method has its handler, or the daemon does not start
         self._register_locally()
         kind = "simulated " if gpus.simulated else ""
@@ -425,6 +440,8 @@ class Daemon:
             bind(NODE_HW, self._node_hw),
             bind(NODE_EVENTS, self._node_events),
             bind(NODE_EVENTS_ACK, self._ack_events),
+            bind(NODE_DRAIN, self._drain),
+            bind(NODE_UNDRAIN, self._undrain),
             bind(RUN_LAUNCH, sup.launch),
             bind(RUN_JOIN, sup.join),
             bind(RUN_STOP, sup.stop),
@@ -463,6 +480,14 @@ class Daemon:
             role=caller.role,
         )
 
+    def _drain(self, body: DrainRequest, caller: Caller) -> DrainReply:
+        assert self._healing is not None
+        return self._healing.drain(body, caller)
+
+    def _undrain(self, body: UndrainRequest, caller: Caller) -> DrainReply:
+        assert self._healing is not None
+        return self._healing.undrain(body, caller)
+
     def _node_hw(self, body: Empty, caller: Caller) -> NodeSnapshot:
         assert self._latest is not None
         return self._latest
@@ -483,7 +508,6 @@ class Daemon:
         interval = self.settings.interval
         topic = hw_topic(self.settings.node_name)
         brief_topic = sum_topic(self.settings.node_name)
-        event_topic = node_event_topic(self.settings.node_name)
         next_at = loop.time()
         while True:
             next_at += interval
@@ -497,15 +521,26 @@ class Daemon:
                 log.exception("sampling failed; will retry next interval")
                 continue
             events = detect_events(self._latest, snapshot)
+            assert self._healing is not None
+            snapshot, quarantined = self._healing.observe(snapshot)
             self._latest = snapshot
             self._publisher.publish(topic, snapshot)
             self._publish_brief(brief_topic, snapshot)
-            if events:
-                assert self._store is not None
-                self._store.add_node_events(events)
-                for event in events:
-                    log.warning("%s: %s", event.kind, event.message)
-                    self._publisher.publish(event_topic, event)
+            self._emit_node_events(events + quarantined)
+
+    def _replace_latest(self, snapshot: NodeSnapshot) -> None:
+        self._latest = snapshot
+
+    def _emit_node_events(self, events: list[NodeEvent]) -> None:
+        """Keep, log and publish node events."""
+        if not events:
+            return
+        assert self._store is not None and self._publisher is not None
+        self._store.add_node_events(events)
+        topic = node_event_topic(self.settings.node_name)
+        for event in events:
+            log.warning("%s: %s", event.kind, event.message)
+            self._publisher.publish(topic, event)
 
     def _publish_brief(self, topic: str, snapshot: NodeSnapshot) -> None:
         """The node in brief (`gpud.brief`), for views of many nodes."""

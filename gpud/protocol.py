@@ -35,7 +35,7 @@ from gpud.runmodel import (
     RunState,
     completed_steps,
 )
-from gpud.snapshot import Backend, NodeEvent, NodeSnapshot, Reading
+from gpud.snapshot import Backend, Hold, NodeEvent, NodeSnapshot, Reading
 
 PROTOCOL_VERSION = 1
 #: Frames larger than this are refused by the socket itself (ZMQ_MAXMSGSIZE).
@@ -158,6 +158,37 @@ class AckEventsRequest(Message):
 
 class AckEventsReply(Reading):
     acknowledged: int = Field(description="how many unacknowledged XID events were cleared")
+
+
+class DrainRequest(Message):
+    gpus: list[int] | None = Field(
+        None, max_length=64, description="GPU indices; omitted: the whole node"
+    )
+    reason: str = Field(min_length=1, max_length=300, description="why, for the people after")
+
+
+class UndrainRequest(Message):
+    gpus: list[int] | None = Field(
+        None, max_length=64, description="GPU indices; omitted: the node's drain"
+    )
+
+
+class HeldGpu(Reading):
+    index: int
+    uuid: str
+    hold: Hold
+
+
+class DrainReply(Reading):
+    """The node's holds after a drain or undrain, and what it touched."""
+
+    node: str
+    drained: Hold | None = Field(None, description="the node's own drain")
+    gpus: list[HeldGpu] = Field(default_factory=list, description="every GPU still held")
+    runs: list[str] = Field(
+        default_factory=list, description="runs with a part on what was drained (not stopped)"
+    )
+    notes: list[str] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- runs
@@ -479,6 +510,10 @@ NODE_EVENTS_ACK = Method(
     Role.OPERATOR,
     "acknowledge XID events after they were handled",
 )
+NODE_DRAIN = Method(
+    "node.drain", DrainRequest, DrainReply, Role.OPERATOR, "no new work on the node or GPUs"
+)
+NODE_UNDRAIN = Method("node.undrain", UndrainRequest, DrainReply, Role.OPERATOR, "new work again")
 RUN_LAUNCH = Method("run.launch", LaunchRequest, LaunchReply, Role.OPERATOR, "create, start a run")
 RUN_JOIN = Method("run.join", JoinRequest, JoinReply, Role.OPERATOR, "start this node's part")
 RUN_STOP = Method("run.stop", StopRequest, RunSummary, Role.OPERATOR, "stop a run")
@@ -510,6 +545,8 @@ METHODS: dict[str, Method[Any, Any]] = {
         NODE_HW,
         NODE_EVENTS,
         NODE_EVENTS_ACK,
+        NODE_DRAIN,
+        NODE_UNDRAIN,
         RUN_LAUNCH,
         RUN_JOIN,
         RUN_STOP,

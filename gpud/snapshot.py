@@ -80,6 +80,16 @@ class XidSummary(Reading):
     unacknowledged: int = Field(0, description="events since an operator last acknowledged")
 
 
+class Hold(Reading):
+    """Why a GPU, or the whole node, takes no new work: a quarantine gpud put on a GPU it
+    found unsafe, or an operator's drain (`gpuctl drain`)."""
+
+    kind: Literal["quarantine", "drain"]
+    reason: str = Field(description="one line: the XID, the ECC error, the operator's words")
+    since: float = Field(description="unix time it began")
+    by: str | None = Field(None, description="the operator's key for a drain; None: gpud")
+
+
 class GpuSample(Reading):
     """Everything sampled from one GPU at one instant."""
 
@@ -164,6 +174,7 @@ class GpuSample(Reading):
     xid: XidSummary = Field(default_factory=XidSummary)
     processes: list[GpuProcess] | None = None
     pod: PodRef | None = Field(None, description="the Kubernetes pod on it (gpud.kube.pods)")
+    hold: Hold | None = Field(None, description="quarantined or drained: no new work (gpud.heal)")
 
 
 class IbPortSample(Reading):
@@ -220,6 +231,7 @@ class NodeSnapshot(Reading):
     sample_ms: float | None = Field(None, description="how long taking this sample took")
     gpus: list[GpuSample] = Field(default_factory=list)
     host: HostSample
+    drained: Hold | None = Field(None, description="the node takes no new runs (gpuctl drain)")
 
 
 NodeEventKind = Literal[
@@ -230,6 +242,8 @@ NodeEventKind = Literal[
     "ecc_errors",
     "remapped_rows",
     "gpu_lost",
+    "quarantine",
+    "drain",
 ]
 Severity = Literal["info", "warning", "critical"]
 

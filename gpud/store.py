@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from gpud.backlog import Backlog, GpuRelease, PortLease, PortRelease, cannot_write
 from gpud.runmodel import ACTIVE, AttemptRecord, MetricPoint, RunEvent, RunRecord
-from gpud.snapshot import NodeEvent
+from gpud.snapshot import Hold, NodeEvent
 
 log = logging.getLogger("gpud.store")
 
@@ -94,6 +94,13 @@ MIGRATIONS: tuple[str, ...] = (
         leased_at REAL NOT NULL
     );
     CREATE INDEX gpu_leases_run ON gpu_leases(run_id);
+    """,
+    """
+    CREATE TABLE holds (
+        target TEXT PRIMARY KEY,
+        gpu_index INTEGER,
+        body TEXT NOT NULL
+    );
     """,
 )
 
@@ -268,6 +275,10 @@ class Store:
             else:
                 self._release_gpus(change.run_id, change.attempt)
             b.leases.pop(0)
+        while b.holds:
+            target, (index, hold) = next(iter(b.holds.items()))
+            self._put_hold(target, index, hold)
+            del b.holds[target]
         while b.metrics:
             batch = [b.metrics[i] for i in range(min(FLUSH_BATCH, len(b.metrics)))]
             self._add_metrics(batch)
@@ -554,6 +565,37 @@ class Store:
             self._db.execute(
                 "DELETE FROM gpu_leases WHERE run_id = ? AND attempt = ?", (run_id, attempt)
             )
+
+    # ------------------------------------------------------------------ holds (gpud.heal)
+
+    def holds(self) -> list[tuple[str, int | None, Hold]]:
+        """Quarantines and drains: (a GPU's UUID or the node's target, its index, the hold)."""
+        rows = self._db.execute("SELECT target, gpu_index, body FROM holds").fetchall()
+        found = {t: (i, Hold.model_validate_json(b)) for t, i, b in rows}
+        for target, (index, hold) in self._backlog.holds.items():
+            if hold is None:
+                found.pop(target, None)
+            else:
+                found[target] = (index, hold)
+        return [(t, i, h) for t, (i, h) in found.items()]
+
+    def put_hold(self, target: str, gpu_index: int | None, hold: Hold) -> None:
+        if not self._now_or_later(lambda: self._put_hold(target, gpu_index, hold)):
+            self._backlog.holds[target] = (gpu_index, hold)
+
+    def drop_hold(self, target: str) -> None:
+        if not self._now_or_later(lambda: self._put_hold(target, None, None)):
+            self._backlog.holds[target] = (None, None)
+
+    def _put_hold(self, target: str, gpu_index: int | None, hold: Hold | None) -> None:
+        with self._db:
+            if hold is None:
+                self._db.execute("DELETE FROM holds WHERE target = ?", (target,))
+            else:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO holds (target, gpu_index, body) VALUES (?, ?, ?)",
+                    (target, gpu_index, hold.model_dump_json()),
+                )
 
     def close(self) -> None:
         self._db.close()

@@ -319,6 +319,39 @@ def gpu_families(
     yield from (family for family in families.values() if family.samples)
 
 
+def hold_families(snapshot: NodeSnapshot) -> Iterator[Metric]:
+    """Quarantines and drains (gpud.heal): 0 or 1 for every GPU and the node, never present
+    only when set, so a dashboard and an alert see the series from the start."""
+    host = snapshot.host.hostname
+    labels = ("Hostname", "gpu", "UUID", "reason")
+    quarantined = _gauge(
+        "gpud_gpu_quarantined",
+        "1 while gpud keeps new work off the GPU: it"
+        " found it unsafe (an XID, ECC, row remapping, lost).",
+        labels,
+    )
+    drained = _gauge(
+        "gpud_gpu_drained",
+        "1 while an operator keeps new work off the GPU (gpuctl drain --gpu).",
+        (*labels, "by"),
+    )
+    node = _gauge("gpud_node_drained", "1 while the node takes no new runs (gpuctl drain).",
+                  ("Hostname", "reason", "by"))  # fmt: skip
+    for gpu in snapshot.gpus:
+        hold = gpu.hold
+        q = hold is not None and hold.kind == "quarantine"
+        d = hold is not None and hold.kind == "drain"
+        where = [host, str(gpu.index), gpu.uuid]
+        quarantined.add_metric([*where, hold.reason if q and hold else ""], 1.0 if q else 0.0)
+        by = hold.by or "" if d and hold else ""
+        drained.add_metric([*where, hold.reason if d and hold else "", by], 1.0 if d else 0.0)
+    held = snapshot.drained
+    node.add_metric(
+        [host, held.reason if held else "", (held.by or "") if held else ""], 1.0 if held else 0.0
+    )
+    yield from (f for f in (quarantined, drained, node) if f.samples)
+
+
 def _gauge(name: str, help: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help, labels=list(labels))
 

@@ -13,6 +13,7 @@ from gpud.prometheus.series import (
     DaemonStats,
     RunOnNode,
     gpu_families,
+    hold_families,
     host_families,
     run_families,
 )
@@ -74,6 +75,7 @@ class ScrapeSource:
         snapshot = self._snapshot()
         runs = runs_on_node(self._supervisor)
         yield from gpu_families(snapshot, runs, self._jobs.by_gpu(snapshot))
+        yield from hold_families(snapshot)
         yield from run_families(runs)
         yield from host_families(snapshot.host, self._stats())
 

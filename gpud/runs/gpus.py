@@ -47,9 +47,12 @@ class Holder:
     pid: int | None = None
     process: str | None = None
     slurm_job: str | None = None  # the Slurm job the outside process belongs to
+    hold: str | None = None  # quarantined or drained (gpud.heal): why, in words
 
     @property
     def text(self) -> str:
+        if self.hold is not None:
+            return self.hold
         if self.run_id is not None:
             return f"run {self.run_id}" + (f" ({self.run_name})" if self.run_name else "")
         if self.slurm_job:
@@ -70,8 +73,9 @@ class GpusBusy(Exception):
         self.holders = list(holders)
         by_holder: dict[str, list[int]] = {}
         for gpu, holder in self.holders:
-            by_holder.setdefault(holder.text, []).append(gpu.index)
-        held = "; ".join(f"GPU {gpus_text(i)} held by {who}" for who, i in by_holder.items())
+            what = holder.text if holder.hold is not None else f"held by {holder.text}"
+            by_holder.setdefault(what, []).append(gpu.index)
+        held = "; ".join(f"GPU {gpus_text(i)} {what}" for what, i in by_holder.items())
         super().__init__(f"needs {needed} GPU(s), {free} free" + (f": {held}" if held else ""))
 
 

@@ -33,7 +33,7 @@ from gpud.runs.gpus import (
     closeness_from,
 )
 from gpud.slurm.jobs import SlurmJobs
-from gpud.snapshot import NodeSnapshot
+from gpud.snapshot import Hold, NodeSnapshot
 from gpud.store import LeaseConflict, Store, StoreFull
 from launch.spec import RunSpec
 
@@ -41,6 +41,13 @@ log = logging.getLogger("gpud.runs")
 
 #: How long a reservation waits for its part to start before it is given back.
 RESERVATION_TTL_S = 60.0
+
+
+def hold_text(hold: Hold) -> str:
+    """ "quarantined: XID 79 (…)", "drained by alice@box: maintenance"."""
+    if hold.kind == "quarantine":
+        return f"quarantined: {hold.reason}"
+    return f"drained by {hold.by or 'an operator'}: {hold.reason}"
 
 
 def _gpud_run_of(pid: int) -> str | None:
@@ -68,11 +75,15 @@ class GpuLeases:
         self._slurm = SlurmJobs()
 
     def busy(self, snapshot: NodeSnapshot) -> dict[str, Holder]:
-        """Every busy GPU's UUID and who holds it."""
+        """Every busy GPU's UUID and who holds it: a lease, a quarantine or drain, or a
+        process outside gpud."""
         held = {
             lease.uuid: Holder(run_id=lease.run_id, run_name=self.run_name(lease.run_id))
             for lease in self.store.gpu_leases()
         }
+        for gpu in snapshot.gpus:
+            if gpu.hold is not None and gpu.uuid not in held:
+                held[gpu.uuid] = Holder(hold=hold_text(gpu.hold))
         for gpu in snapshot.gpus:
             if gpu.uuid in held:
                 continue
@@ -94,6 +105,12 @@ class GpuLeases:
         """The GPUs this node would give the run now; raises a ProtocolError that says why
         not: `invalid_body` for what the node can never give, `unavailable` when busy."""
         snapshot = self.hardware()
+        if snapshot.drained is not None:
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE,
+                f"{self.node} is {hold_text(snapshot.drained)}: it takes no new runs or"
+                f" attempts (gpuctl undrain {self.node})",
+            )
         gpus = [Gpu(g.index, g.uuid) for g in snapshot.gpus if not g.lost]
         if not gpus and spec.gpus is None:
             return []  # a node without GPUs (gloo on CPU): nothing to lease

@@ -146,6 +146,9 @@ class Supervisor:
         )  # fmt: skip
         self.leases = GpuLeases(node, store, hardware, self._run_name, clock)
         self._patterns: dict[str, PatternThread] = {}
+        #: What else may explain a part's end before it is recorded (gpud.heal's
+        #: quarantine): each takes the outcome and returns it, or a better one.
+        self.explain: list[Callable[[RunRecord, Part, Outcome], Outcome]] = []
         self._last_stop_sent: dict[str, float] = {}
         self._hangs: dict[str, int] = {}  # run → the attempt already stopped as hung
         self._last_pids: dict[str, float] = {}
@@ -898,6 +901,8 @@ class Supervisor:
         now = self.clock()
         snapshot = self.hardware()
         outcome = blame_hardware(snapshot.gpus, part, outcome, now)
+        for explain in self.explain:
+            outcome = explain(run, part, outcome)
         findings: list[str] = []
         if outcome.state is RunState.FAILED and flight.dumps(part.dir):
             findings = await asyncio.to_thread(flight.analyze, part.dir)

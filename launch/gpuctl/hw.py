@@ -57,12 +57,24 @@ def _holder(gpu: GpuSample, run: RunSummary | None) -> str:
     return ", ".join(outside) + " outside gpud" if outside else "-"
 
 
+def gpu_state(gpu: GpuSample) -> str:
+    """ok, lost, quarantined or drained: whether the GPU takes new work."""
+    if gpu.hold is not None:
+        return "quarantined" if gpu.hold.kind == "quarantine" else "drained"
+    return "lost" if gpu.lost else "ok"
+
+
 def render_report(
     address: str, snap: NodeSnapshot, rec: Recommendation, runs: list[RunSummary]
 ) -> str:
     flag = "  [SIMULATED GPUs]" if snap.simulated else ""
+    drained = (
+        f"  DRAINED by {snap.drained.by}: {snap.drained.reason} (no new runs)"
+        if snap.drained
+        else ""
+    )
     lines = [
-        f"node {snap.node} ({address}){flag}",
+        f"node {snap.node} ({address}){flag}{drained}",
         f"driver {snap.driver_version or 'n/a'}, CUDA {snap.cuda_driver_version or 'n/a'}, "
         f"{len(snap.gpus)} GPU(s)",
     ]
@@ -80,12 +92,19 @@ def render_report(
                 if g.pcie_link_gen_max
                 else "n/a",
                 g.uuid,
+                gpu_state(g),
                 held[g.index],
             ]
             for g in snap.gpus
         ]
-        header = ["GPU", "MODEL", "MEMORY", "CC", "PCIE", "UUID", "HELD BY"]
+        header = ["GPU", "MODEL", "MEMORY", "CC", "PCIE", "UUID", "STATE", "HELD BY"]
         lines += ["", table(header, rows)]
+        lines += [
+            f"  GPU {g.index} {gpu_state(g)}: {g.hold.reason}"
+            + (f" (by {g.hold.by})" if g.hold.by else "")
+            for g in snap.gpus
+            if g.hold is not None
+        ]
     host = snap.host
     physical = f" ({host.cpu_count_physical} physical)" if host.cpu_count_physical else ""
     lines += [

@@ -28,6 +28,8 @@ VERBS = {
     "scaling": "launch.gpuctl.scaling:scaling_command",
     "nodes": "launch.gpuctl.nodes:nodes_command",
     "hw": "launch.gpuctl.hw:hw_command",
+    "drain": "launch.gpuctl.drain:drain_command",
+    "undrain": "launch.gpuctl.drain:undrain_command",
     "keys": "launch.gpuctl.keys:keys_group",
     "completion": "launch.gpuctl.completion:completion_command",
 }

@@ -270,7 +270,10 @@ def test_an_xid_on_the_runs_gpu_just_before_it_failed_makes_it_a_hardware_failur
     other = launch(daemon, FAST, "training.max_steps=100000", "gpus=[0, 1]")
     run_id = launch(daemon, FAST, "training.max_steps=100000", "gpus=[2, 3]")
     wait_for_step(daemon, run_id, 3)
-    xids.write_text("3:79\n")  # the driver reports GPU 3 fell off the bus
+    # XID 43 (the GPU stopped processing) does not quarantine (79 would: gpud.heal stops
+    # the run itself then, tests/integration/test_quarantine.py); it is what the ranks'
+    # failure a moment later is blamed on.
+    xids.write_text("3:43\n")
     deadline = time.monotonic() + 10
     while xids.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -279,7 +282,9 @@ def test_an_xid_on_the_runs_gpu_just_before_it_failed_makes_it_a_hardware_failur
     s = wait_for(daemon, run_id, {"failed"}, timeout=60)
     cause = s.run.cause
     assert cause is not None and cause.kind is CauseKind.HARDWARE, cause
-    assert cause.summary.startswith("XID 79 on GPU 3 (GPU has fallen off the bus), ")
+    assert cause.summary.startswith(
+        "XID 43 on GPU 3 (GPU stopped processing (a context was reset)), "
+    )
     assert cause.lines[0] == "the ranks saw: killed by SIGKILL"
     assert "(hardware, step " in (s.run.reason or "")
     # The run on GPUs 0-1 saw nothing of it and trains on.

@@ -3,16 +3,25 @@ mapped to run and rank."""
 
 from __future__ import annotations
 
+import getpass
+from typing import Any, ClassVar
+
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Static
 
+from gpud.client import ClientError
 from tui.model import units
+from tui.model.actions import ActionRefused
 from tui.model.fleet import FleetModel
+from tui.model.holds import HoldPlan, perform_hold, plan_hold
 from tui.model.nodes import NodeView
+from tui.screens.confirm import ConfirmScreen
 from tui.screens.live import LiveScreen
+from tui.screens.reason import ReasonScreen
 from tui.widgets.gpu_detail import GpuDetail
 from tui.widgets.gpu_history import GpuHistoryPanel
 from tui.widgets.gpu_table import GpuTable
@@ -39,6 +48,20 @@ def node_info_text(node: NodeView, online: bool, now_wall: float) -> Text:
     if node.info is not None:
         uptime = now_wall - node.info.started_at
         text.append(f"  gpud {node.info.version}, up {units.duration(uptime)}")
+    if snap is not None and snap.drained is not None:
+        held = snap.drained
+        text.append(
+            f"\nDRAINED by {held.by or 'an operator'}: {held.reason} (no new runs; u undrains)",
+            style="bold magenta",
+        )
+    for gpu in snap.gpus if snap is not None else ():
+        if gpu.hold is not None:
+            kind = "QUARANTINED" if gpu.hold.kind == "quarantine" else "drained"
+            by = f" by {gpu.hold.by}" if gpu.hold.by else ""
+            text.append(
+                f"\nGPU {gpu.index} {kind}{by}: {gpu.hold.reason}",
+                style="bold red" if gpu.hold.kind == "quarantine" else "magenta",
+            )
     if node.error and not online:
         text.append(f"\n{node.error}", style="red")
     recent = list(node.events)[-3:]
@@ -51,6 +74,12 @@ def node_info_text(node: NodeView, online: bool, now_wall: float) -> Text:
 class NodeScreen(LiveScreen):
     VIEW = "node"
     CSS_PATH = "node.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("d", "hold('drain', False)", "Drain GPU"),
+        Binding("D", "hold('drain', True)", "Drain node"),
+        Binding("u", "hold('undrain', False)", "Undrain GPU"),
+        Binding("U", "hold('undrain', True)", "Undrain node"),
+    ]
 
     def __init__(self, model: FleetModel, key: str) -> None:
         super().__init__(model)
@@ -109,3 +138,57 @@ class NodeScreen(LiveScreen):
         with self.model.lock:
             active = [r for r in self.model.runs_on(self.key) if r.active]
             return active[0].id if len(active) == 1 else None
+
+    # ------------------------------------------------------------------ drain, undrain
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # --readonly: no drains either (and they leave the footer).
+        return not (action == "hold" and getattr(self.app, "readonly", False))
+
+    def action_hold(self, verb: str, whole_node: bool) -> None:
+        """`d`/`u` the selected GPU, `D`/`U` the node: asked first, as every action is."""
+        gpu = None if whole_node else self._selected_gpu()
+        if not whole_node and gpu is None:
+            self.notify("select a GPU first", severity="warning", timeout=4)
+            return
+        try:
+            plan = plan_hold(self.model, verb, self.key, gpu)
+        except ActionRefused as exc:
+            self.notify(str(exc), severity="warning", timeout=5)
+            return
+
+        def answered(reason: str | bool | None) -> None:
+            if reason:
+                self.notify(f"{verb} {plan.what}: asking {plan.target.label}…", timeout=3)
+                self.send_hold(plan, reason if isinstance(reason, str) else "")
+
+        if verb == "drain":
+            default = f"drained from gputop by {getpass.getuser()}"
+            self.app.push_screen(ReasonScreen(f"Drain {plan.what}?", plan.question, default),
+                                 answered)  # fmt: skip
+        else:
+            self.app.push_screen(ConfirmScreen(f"Undrain {plan.what}?", plan.question), answered)
+
+    @work(thread=True, exit_on_error=False, group="holds")
+    def send_hold(self, plan: HoldPlan, reason: str) -> None:
+        factory: Any = getattr(self.app, "client_factory", None)
+        try:
+            reply = perform_hold(plan, reason, factory)
+        except ClientError as exc:
+            self.app.call_from_thread(self._told, f"{plan.verb} {plan.what} failed: {exc}", "error")
+            return
+        except Exception as exc:  # never let an action take the UI down
+            self.app.call_from_thread(
+                self._told, f"{plan.verb} {plan.what} failed: {type(exc).__name__}: {exc}", "error"
+            )
+            return
+        held = [f"GPU {g.index} {g.hold.kind}" for g in reply.gpus]
+        state = f"drained ({reply.drained.reason})" if reply.drained else "takes new runs"
+        notes = "; ".join([*held, *reply.notes])
+        self.app.call_from_thread(
+            self._told, f"{plan.verb} {plan.what}: {reply.node} {state}"
+            + (f"; {notes}" if notes else ""), "information",
+        )  # fmt: skip
+
+    def _told(self, message: str, severity: Any) -> None:
+        self.notify(message, severity=severity, timeout=8, markup=False)

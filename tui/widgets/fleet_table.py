@@ -95,6 +95,12 @@ def health_cell(node: NodeView, online: bool) -> Text:
     if health.ok:
         return Text("ok", style="green" if online else "dim")
     text = Text()
+    if health.node_drained:
+        text.append("DRAINED ", style="bold magenta")
+    if health.quarantined:
+        text.append(f"QUAR {len(health.quarantined)} ", style="bold red")
+    if health.drained:
+        text.append(f"DRN {len(health.drained)} ", style="magenta")
     if health.lost:
         text.append(f"LOST {len(health.lost)} ", style="bold red")
     if health.xid:

@@ -28,8 +28,14 @@ COLUMNS = [
 
 
 def holder_cell(model: FleetModel, node: NodeView, gpu: GpuSample) -> Text:
-    """The run that leases the GPU (`–`: none)."""
+    """The run that leases the GPU (`–`: none), and a quarantine or drain first."""
     held = model.gpu_holder(node.key, gpu.index)
+    if gpu.hold is not None:
+        mark = Text("QUAR" if gpu.hold.kind == "quarantine" else "DRAIN", style="bold red"
+                    if gpu.hold.kind == "quarantine" else "bold magenta")  # fmt: skip
+        if held is not None:
+            mark.append(f" {held[0].id}", style="cyan")
+        return mark
     return Text(held[0].id, style="cyan") if held is not None else Text("–", style="dim")
 
 

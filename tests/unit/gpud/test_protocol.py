@@ -110,7 +110,15 @@ def test_invalid_body_message_names_the_field() -> None:
 
 def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
     operators = {name for name, m in METHODS.items() if m.role is Role.OPERATOR}
-    assert operators == {"node.events.ack", "run.launch", "run.join", "run.stop", "run.resume"}
+    assert operators == {
+        "node.events.ack",
+        "node.drain",
+        "node.undrain",
+        "run.launch",
+        "run.join",
+        "run.stop",
+        "run.resume",
+    }
     peers = {name for name, m in METHODS.items() if m.role is Role.PEER}
     assert peers == {
         "run.part.start",

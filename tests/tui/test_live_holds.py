@@ -1,0 +1,65 @@
+"""gputop drains and undrains against a real daemon (issue 21 §1): on the Node screen `d`
+asks for a reason and drains the selected GPU, `D` the node, `u`/`U` put them back after
+a confirmation; the table, the node's header and the fleet row show each hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.daemons import RunningDaemon
+from tests.tui.screen import screen_text
+from tests.tui.test_live import settle, watch
+from tui.app import GpuTop
+from tui.screens.node import NodeScreen
+from tui.widgets.gpu_table import GpuTable
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_gputop_drains_a_gpu_and_the_node_and_puts_them_back(
+    daemon: RunningDaemon,
+) -> None:
+    model, feed, key = watch(daemon)
+    app = GpuTop(model, feed, refresh_s=0.3)
+
+    def holds() -> tuple[list[int], bool]:
+        snap = daemon.client().node_hw()
+        return [g.index for g in snap.gpus if g.hold is not None], snap.drained is not None
+
+    async with app.run_test(size=(140, 44)) as pilot:
+        app.push_screen(NodeScreen(model, key))
+        await settle(pilot, lambda: model.nodes[key].snapshot is not None, 30, "the GPUs")
+        table = app.screen.query_one(GpuTable)
+        await settle(pilot, lambda: table.row_count == 8, 10, "the GPU table")
+        table.move_cursor(row=2)  # GPU 2
+        await pilot.pause(0.2)
+        await pilot.press("d")
+        await pilot.pause(0.5)
+        assert "Drain GPU 2 of node0?" in screen_text(app)
+        await pilot.press("ctrl+u", *"swap the fan", "enter")
+        await settle(pilot, lambda: holds() == ([2], False), 10, "GPU 2 drained")
+        await settle(pilot, lambda: "GPU 2 drained by" in screen_text(app), 10, "the header")
+        text = screen_text(app)
+        assert "swap the fan" in text and "DRAIN" in text
+
+        await pilot.press("D")
+        await pilot.pause(0.5)
+        await pilot.press("enter")  # the default reason
+        await settle(pilot, lambda: holds() == ([2], True), 10, "the node drained")
+        await settle(pilot, lambda: "DRAINED by" in screen_text(app), 10, "the node's header")
+        assert "drained from gputop by" in screen_text(app)
+
+        await pilot.press("U")
+        await pilot.pause(0.5)
+        assert "Undrain node node0" in screen_text(app)
+        await pilot.press("y")
+        await settle(pilot, lambda: holds() == ([2], False), 10, "the node undrained")
+        await pilot.press("u")
+        await pilot.pause(0.5)
+        await pilot.press("n")  # asked, and not done
+        await pilot.pause(1.0)
+        assert holds() == ([2], False)
+        await pilot.press("u")
+        await pilot.pause(0.5)
+        await pilot.press("y")
+        await settle(pilot, lambda: holds() == ([], False), 10, "GPU 2 undrained")
