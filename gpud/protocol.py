@@ -227,6 +227,9 @@ class JoinRequest(Message):
     queued_at: float | None = Field(
         None, description="the run is queued on node 0 since then: join its queue, start nothing"
     )
+    standby: bool = Field(
+        False, description="a spare (elastic.spares): join, and start nothing until node 0 asks"
+    )
 
 
 class PartStartRequest(Message):
@@ -237,6 +240,10 @@ class PartStartRequest(Message):
     master_addr: str = Field(min_length=1, max_length=255)
     master_port: int = Field(ge=1, le=65535)
     resume_from: str | None = Field(None, max_length=4096)
+    members: list[int] | None = Field(
+        None, max_length=4096, description="the run's nodes in this attempt (None: all)"
+    )
+    grad_accum: int | None = Field(None, ge=1, description="elastic: accumulation to use")
 
 
 class PartReserveRequest(Message):
@@ -360,6 +367,14 @@ class RunSummary(Reading):
     )
     attached: Attachment | None = Field(
         None, description="a run gpud did not start (a Slurm job, a pod): gpud watches it only"
+    )
+    members: list[int] | None = Field(
+        None, description="its nodes (indices into `nodes`) in the current attempt; None: all"
+    )
+    world_size: int | None = Field(None, description="ranks in the current attempt")
+    elastic: bool = Field(False, description="its spec has `elastic:`")
+    planned_nodes: int | None = Field(
+        None, description="the nodes it was launched on (its spares not counted)"
     )
 
     @property

@@ -282,6 +282,14 @@ class AttemptRecord(Reading):
         None, description="stopped because another part failed or was lost: why"
     )
     log_offset: int = 0
+    members: list[int] | None = Field(
+        None, description="the run's nodes in this attempt (indices; None: all of them)"
+    )
+    world_size: int | None = Field(None, description="ranks in this attempt, all nodes")
+    grad_accum: int | None = Field(
+        None, description="gradient accumulation this attempt was given (elastic: raised as"
+        " the world shrank)"
+    )
 
     @property
     def held_gpus(self) -> list[int]:
@@ -355,6 +363,14 @@ class RunRecord(Reading):
     attached: Attachment | None = Field(
         None, description="a run gpud did not start: it only watches it (see gpud.attach)"
     )
+    members: list[int] | None = Field(
+        None,
+        description="its nodes (indices into `nodes`) in the current attempt, node 0 first;"
+        " None: every node. Elastic runs change it (gpud.runs.elastic)",
+    )
+    grad_accum: int | None = Field(
+        None, description="gradient accumulation for the current attempt, when elastic set it"
+    )
 
     @property
     def queue_key(self) -> tuple[float, str]:
@@ -382,6 +398,8 @@ class RunChanges(TypedDict, total=False):
     nodes: list[NodeRef]
     coordinator: NodeRef | None
     attached: Attachment | None
+    members: list[int] | None
+    grad_accum: int | None
 
 
 class RunEvent(Reading):

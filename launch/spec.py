@@ -241,6 +241,33 @@ class RestartSettings(SpecModel):
     )
 
 
+class ElasticSettings(SpecModel):
+    """Keep training on the healthy nodes when one is lost, drained or fails its preflight
+    (issue 21): node 0 starts the next attempt on what is left, plus a spare."""
+
+    min_nodes: int = Field(ge=1, description="fewer healthy nodes than this: wait or fail")
+    max_nodes: int | None = Field(
+        None, ge=1, description="most nodes an attempt uses (default: the spec's nodes)"
+    )
+    spares: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="daemon addresses HOST:PORT of nodes that join an attempt only to take a"
+        " lost node's place (joined at launch, idle until then)",
+    )
+    keep_global_batch: bool = Field(
+        True,
+        description="raise training.gradient_accumulation as the world shrinks, so the"
+        " global batch stays the same (the learning rate is left alone)",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ElasticSettings:
+        if self.max_nodes is not None and self.max_nodes < self.min_nodes:
+            raise ValueError(f"max_nodes {self.max_nodes} is below min_nodes {self.min_nodes}")
+        return self
+
+
 class MetricPattern(SpecModel):
     """A regex over log lines; each named group becomes a metric (`step` is the step).
 
@@ -343,6 +370,9 @@ class RunSpec(SpecModel):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     resume: ResumeSettings = Field(default_factory=ResumeSettings)
     restart: RestartSettings = Field(default_factory=RestartSettings)
+    elastic: ElasticSettings | None = Field(
+        None, description="continue on fewer nodes when one is lost (default: the whole gang)"
+    )
     stop_grace_s: float = Field(
         30.0, ge=0, le=3600, description="how long a stop waits for the checkpoint handshake"
     )
@@ -459,11 +489,38 @@ class RunSpec(SpecModel):
             raise ValueError("`accelerate` settings need launcher: accelerate")
         if self.backend == "nccl" and self.accelerate is not None and self.accelerate.use_cpu:
             raise ValueError("backend: nccl needs GPUs, but accelerate.use_cpu is true")
+        if self.elastic is not None:
+            check_elastic(self.elastic, self.nodes or None, self.restart, self.launcher)
         return self
 
     @property
     def entry(self) -> str:
         return self.script or self.module or ""
+
+
+def check_elastic(
+    elastic: ElasticSettings,
+    nodes: list[str] | None,
+    restart: RestartSettings,
+    launcher: Launcher,
+) -> None:
+    """What an elastic spec needs; `nodes` None when gpuctl will give them (--node)."""
+    if launcher is Launcher.PYTHON:
+        raise ValueError("elastic: launcher: python runs on one node; use torchrun")
+    if restart.max_attempts < 1:
+        raise ValueError(
+            "elastic: the next attempt on the healthy nodes is a restart; set"
+            " restart.max_attempts to 1 or more"
+        )
+    if nodes is None:
+        return
+    if elastic.min_nodes > len(nodes):
+        raise ValueError(
+            f"elastic.min_nodes {elastic.min_nodes} is more than the {len(nodes)} node(s) listed"
+        )
+    overlap = sorted(set(elastic.spares) & set(nodes))
+    if overlap:
+        raise ValueError(f"elastic.spares: {', '.join(overlap)} is already one of the nodes")
 
 
 def _env_value(value: Any) -> Any:

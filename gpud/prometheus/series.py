@@ -390,6 +390,10 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
         "gpud_rank_collective_seconds", "Time per step the rank spends in collectives.",
         ("run", "rank"),
     )  # fmt: skip
+    world = _gauge("gpud_run_world_size", "Ranks in the run's current attempt.", ("run",))
+    nodes = _gauge("gpud_run_nodes", "Nodes in the run's current attempt (an elastic run may"
+                   " use fewer than it was launched on: gpud_run_planned_nodes).", ("run",))
+    planned = _gauge("gpud_run_planned_nodes", "Nodes the run was launched on.", ("run",))
     for run in runs:
         s = run.summary
         rid = s.id
@@ -398,6 +402,11 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
                 state.add_metric([rid, s.name, each.value], float(s.state is each))
         attempt.add_metric([rid], float(s.attempt))
         restarts.add_metric([rid], float(s.restarts))
+        planned_count = s.planned_nodes or len(s.nodes)
+        planned.add_metric([rid], float(planned_count))
+        nodes.add_metric([rid], float(len(s.members) if s.members is not None else planned_count))
+        if s.world_size is not None:
+            world.add_metric([rid], float(s.world_size))
         if s.steps_done is not None:
             steps.add_metric([rid], float(s.steps_done))
         if s.max_steps is not None:
@@ -432,7 +441,8 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
             if rank.collective_s is not None:
                 collective.add_metric(labels, rank.collective_s)
     for family in (state, attempt, restarts, steps, total, values, samples, tokens, verdict,
-                   straggler, stalled, busbw, warnings, age, step_time, collective):  # fmt: skip
+                   straggler, stalled, busbw, warnings, age, step_time, collective, world,
+                   nodes, planned):  # fmt: skip
         if family.samples:
             yield family
 

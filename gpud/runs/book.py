@@ -264,6 +264,10 @@ class RunBook:
             cause=run.cause,
             start=attempt.start if attempt else None,
             attached=run.attached,
+            members=run.members,
+            world_size=attempt.world_size if attempt else None,
+            elastic=spec.get("elastic") is not None,
+            planned_nodes=len(run.nodes) - len((spec.get("elastic") or {}).get("spares") or []),
         )
 
     def _position(self, run: RunRecord) -> int | None:

@@ -58,6 +58,7 @@ from gpud.runmodel import (
     RunRecord,
     RunState,
 )
+from gpud.runs import elastic
 from gpud.runs.book import RunBook
 from gpud.runs.checkpoints import ResumePoint, find_checkpoint
 from gpud.runs.decide import GangDecision, RestartPolicy, decide
@@ -131,15 +132,16 @@ class GangView:
 
     nodes: list[NodeRef]
     since: float
+    #: The run's nodes in this attempt (None: all); an elastic attempt may use fewer.
+    members: list[int] | None = None
     parts: dict[int, PartView] = field(default_factory=dict)
     last_poll: float = 0.0
     cause: FailureCause | None = None  # the failure propagated to every part
 
     def __post_init__(self) -> None:
+        ranks = self.members if self.members is not None else range(len(self.nodes))
         self.parts = {
-            rank: PartView(node_rank=rank, node=node)
-            for rank, node in enumerate(self.nodes)
-            if rank > 0
+            rank: PartView(node_rank=rank, node=self.nodes[rank]) for rank in ranks if rank > 0
         }
 
 
@@ -187,7 +189,9 @@ class Gang:
         return dict(await asyncio.gather(*(one(rank) for rank in ranks)))
 
     def _others(self, run: RunRecord) -> list[int]:
-        return list(range(1, len(run.nodes)))
+        """The other nodes of the current attempt (every node but node 0, unless an
+        elastic attempt uses fewer)."""
+        return [r for r in elastic.members_of(run, parse_spec(run.spec)) if r != 0]
 
     def _background(self, run_id: str, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -215,7 +219,8 @@ class Gang:
     def view(self, run: RunRecord) -> GangView:
         view = self.views.get(run.id)
         if view is None or view.nodes != run.nodes:  # an attached run learns its nodes late
-            view = self.views[run.id] = GangView(run.nodes, since=self.book.clock())
+            members = elastic.members_of(run, parse_spec(run.spec))
+            view = self.views[run.id] = GangView(run.nodes, self.book.clock(), members)
         return view
 
     def part_views(self, run: RunRecord) -> list[PartView]:
@@ -475,16 +480,21 @@ class Gang:
     # ------------------------------------------------------------------ new attempts
 
     async def _restart_when_ready(self, run_id: str) -> None:
-        """An automatic restart, once every node answers and the old attempt is over."""
+        """An automatic restart, once every node answers and the old attempt is over; an
+        elastic run does not wait for a silent node: it starts on the others."""
         run = self.book.get(run_id)
         if run is None or run.state is not RunState.PENDING or run.next_restart_at is None:
             return
-        waiting = await self._old_attempt_left(run)
-        if waiting:
-            self.book.move(run.id, RunState.PENDING, f"restart waits: {waiting}")
+        silent, waiting = await self._old_attempt_left(run)
+        can_leave_out = parse_spec(run.spec).elastic is not None and 0 not in silent
+        if waiting or (silent and not can_leave_out):
+            why = waiting or "node(s) " + ", ".join(map(str, sorted(silent))) + " do not answer"
+            self.book.move(run.id, RunState.PENDING, f"restart waits: {why}")
             return
         try:
-            await self.start_attempt(run, why="automatic restart", automatic=True, queue=True)
+            await self.start_attempt(
+                run, why="automatic restart", automatic=True, queue=True, left_out=silent
+            )
         except ProtocolError as exc:
             if exc.code is ErrorCode.CONFLICT:  # it never can: say so, do not retry forever
                 self.book.move(run.id, RunState.FAILED, f"{run.reason}; restart refused: {exc}")
@@ -500,13 +510,12 @@ class Gang:
         except ProtocolError as exc:
             log.error("run %s: could not start from the queue: %s", run.id, exc.message)
 
-    async def _old_attempt_left(self, run: RunRecord) -> str | None:
-        """Why a new attempt cannot start yet (a silent node, a part still running)."""
+    async def _old_attempt_left(self, run: RunRecord) -> tuple[set[int], str | None]:
+        """The nodes of the last attempt that do not answer, and why a new attempt cannot
+        start yet (a part still running: it is stopped first)."""
         request = PartStatusRequest(run_id=run.id)
         replies = await self._call(run, self._others(run), PART_STATUS, _each(request))
-        silent = [r for r, reply in replies.items() if isinstance(reply, Unreachable)]
-        if silent:
-            return "node(s) " + ", ".join(map(str, silent)) + " do not answer"
+        silent = {r for r, reply in replies.items() if isinstance(reply, Unreachable)}
         running = [
             r
             for r, reply in replies.items()
@@ -515,10 +524,10 @@ class Gang:
         if running:
             stop = PartStopRequest(run_id=run.id, force=True, reason="restart", failed=True)
             await self._call(run, running, PART_STOP, _each(stop))
-            return "stopping what is left of the last attempt on node(s) " + ", ".join(
+            return silent, "stopping what is left of the last attempt on node(s) " + ", ".join(
                 map(str, running)
             )
-        return None
+        return silent, None
 
     async def start_attempt(
         self,
@@ -527,12 +536,14 @@ class Gang:
         automatic: bool = False,
         queue: bool = False,
         resume_from: str | None = None,
+        left_out: set[int] | frozenset[int] = frozenset(),
     ) -> RunRecord:
         """A new attempt of the whole run, from the run's latest checkpoint (or the one
         `resume_from` names): resume, restart, and a queued run's start. With its GPUs busy
         somewhere it is refused (ProtocolError `unavailable`), or with `queue` it waits:
         the run is `queued`, holding nothing. Refused (`conflict`) when the spec requires a
-        checkpoint and the run has none of its own."""
+        checkpoint and the run has none of its own. An elastic run starts on the nodes that
+        can (`left_out`: known silent), if there are enough (`gpud.runs.elastic`)."""
         spec = parse_spec(run.spec)
         automatic = automatic or run.queued_restart
         attempt, fresh = self._next_attempt(run)
@@ -543,7 +554,7 @@ class Gang:
         point = await asyncio.to_thread(_resume_point, run, spec, fresh)
         queued = run.state is RunState.QUEUED
         key = run.queue_key if queued else (self.book.clock(), run.id)
-        refusal = await self._reserve(run, spec, attempt, key, queue)
+        refusal, members, words = await self._reserve(run, spec, attempt, key, queue, left_out)
         current = self.book.get(run.id) or run
         if current.state is not run.state or current.stop_requested != run.stop_requested:
             await self._release(run, attempt)  # stopped (cancelled) while we asked
@@ -574,6 +585,9 @@ class Gang:
             await self._release(run, attempt)
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
         self.book.store.lease_port(port, run.id, attempt, self.book.clock())
+        before = elastic.members_of(run, spec)
+        full = len(elastic.primary(run, spec))
+        grad_accum = elastic.grad_accum_for(spec, len(members), full)
         run = self.book.update(
             run.id,
             attempt=attempt,
@@ -582,11 +596,19 @@ class Gang:
             restarts=run.restarts + (1 if automatic else 0),
             queued_restart=False,
             resume_next=None,
+            members=members if spec.elastic is not None else None,
+            grad_accum=grad_accum,
         )
-        self.views[run.id] = GangView(run.nodes, since=self.book.clock())
+        self.views[run.id] = GangView(run.nodes, self.book.clock(), members)
         self._orphans.pop(run.id, None)
+        left_behind = set(before) - set(members)
+        if left_behind:  # a part of theirs may still run: stopped once they answer
+            self._orphans[run.id] = (self.book.clock(), left_behind)
         self._stops.forget(run.id)
-        self.book.event(run, "attempt", f"attempt {attempt}: {why}, {point.describe()}")
+        shape = f", on {words}" if spec.elastic is not None else ""
+        if grad_accum is not None:
+            shape += f", gradient accumulation {grad_accum} (the global batch kept)"
+        self.book.event(run, "attempt", f"attempt {attempt}: {why}, {point.describe()}{shape}")
         self.local.start_part(run, spec, attempt, master_addr, port, point)
         run = self.book.move(
             run.id, RunState.STARTING, f"attempt {attempt}: {why}", next_attempt=True
@@ -597,6 +619,8 @@ class Gang:
             master_addr=master_addr,
             master_port=port,
             resume_from=point.path,
+            members=run.members,
+            grad_accum=grad_accum,
         )
         replies = await self._call(run, self._others(run), PART_START, _each(request))
         failed = {rank: reply for rank, reply in replies.items() if isinstance(reply, Exception)}
@@ -610,42 +634,74 @@ class Gang:
         return self.book.get(run.id) or run
 
     async def _reserve(
-        self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str], queue: bool
-    ) -> str | None:
-        """Lease the attempt's GPUs on every node, or on none: None, or why not.
+        self,
+        run: RunRecord,
+        spec: RunSpec,
+        attempt: int,
+        key: tuple[float, str],
+        queue: bool,
+        left_out: set[int] | frozenset[int] = frozenset(),
+    ) -> tuple[str | None, list[int], str]:
+        """Lease the attempt's GPUs: (why not, or None; the attempt's nodes; those in words).
 
-        A request no node could ever serve (a GPU it does not have) raises at once."""
+        A run that is not elastic takes every node or none; a request no node could ever
+        serve (a GPU it does not have) raises at once. An elastic one takes the nodes that
+        can give their GPUs, if there are enough (`elastic.choose_members`), and gives back
+        what it does not use."""
         try:
             self.local.reserve_gpus(run, spec, attempt, key)
         except ProtocolError as exc:
             if exc.code is not ErrorCode.UNAVAILABLE:
                 raise
-            return exc.message
+            return exc.message, [], ""
         if len(run.nodes) < 2:
-            return None
+            return None, [0], "1 node"
+        everyone = elastic.primary(run, spec) if spec.elastic is None else range(len(run.nodes))
+        asked = [r for r in everyone if r != 0 and r not in left_out]
         request = PartReserveRequest(run_id=run.id, attempt=attempt, queued_at=key[0], queue=queue)
-        replies = await self._call(run, self._others(run), PART_RESERVE, _each(request))
+        replies = await self._call(run, asked, PART_RESERVE, _each(request))
         refused = {r: reply for r, reply in replies.items() if isinstance(reply, ClientError)}
-        if not refused:
-            return None
-        granted = [r for r in replies if r not in refused]
-        self.local.release_gpus(run, attempt)
-        release = PartReleaseRequest(run_id=run.id, attempt=attempt)
-        await self._call(run, granted, PART_RELEASE, _each(release))
-        for rank, reply in refused.items():
-            if isinstance(reply, RequestFailed) and reply.code == ErrorCode.INVALID_BODY.value:
-                raise ProtocolError(ErrorCode.INVALID_BODY, f"node {rank}: {reply.message}")
-        return "; ".join(
-            f"node {rank}: {reply.message if isinstance(reply, RequestFailed) else reply}"
-            for rank, reply in sorted(refused.items())
-        )
+        granted = [r for r in asked if r not in refused]
+        members, words = elastic.choose_members(run, spec, {0, *granted})
+        if spec.elastic is None and refused:
+            for rank, reply in refused.items():
+                if isinstance(reply, RequestFailed) and reply.code == ErrorCode.INVALID_BODY.value:
+                    await self._give_back(run, attempt, granted, local=True)
+                    raise ProtocolError(ErrorCode.INVALID_BODY, f"node {rank}: {reply.message}")
+        if members is None:
+            await self._give_back(run, attempt, granted, local=True)
+            why = "; ".join(
+                f"node {rank}: {reply.message if isinstance(reply, RequestFailed) else reply}"
+                for rank, reply in sorted(refused.items())
+            )
+            if spec.elastic is not None:
+                gone = sorted(set(left_out))
+                why = "; ".join(
+                    [words]
+                    + ([f"node(s) {', '.join(map(str, gone))} do not answer"] if gone else [])
+                    + ([why] if why else [])
+                )
+            return why, [], ""
+        await self._give_back(run, attempt, [r for r in granted if r not in members])
+        return None, members, words
+
+    async def _give_back(
+        self, run: RunRecord, attempt: int, ranks: list[int], local: bool = False
+    ) -> None:
+        """Release the attempt's reservation on those nodes (and this one, with `local`)."""
+        if local:
+            self.local.release_gpus(run, attempt)
+        if ranks:
+            release = PartReleaseRequest(run_id=run.id, attempt=attempt)
+            await self._call(run, ranks, PART_RELEASE, _each(release))
 
     async def _release(self, run: RunRecord, attempt: int, cancel: str | None = None) -> None:
         """Give back the attempt's reservations on every node (and cancel the queued run
         on the other nodes, with `cancel`)."""
         self.local.release_gpus(run, attempt)
         request = PartReleaseRequest(run_id=run.id, attempt=attempt, cancel=cancel)
-        replies = await self._call(run, self._others(run), PART_RELEASE, _each(request))
+        everyone = list(range(1, len(run.nodes)))  # an elastic reservation may be anywhere
+        replies = await self._call(run, everyone, PART_RELEASE, _each(request))
         for rank, reply in replies.items():
             if isinstance(reply, ClientError) and cancel:
                 self.book.event(

@@ -61,7 +61,7 @@ from gpud.runmodel import (
     gpus_text,
     new_run_id,
 )
-from gpud.runs import causes, flight, gang, hints
+from gpud.runs import causes, elastic, flight, gang, hints
 from gpud.runs.aftermath import blame_hardware, check_nothing_left
 from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.book import Publish, RunBook, check_coordinator
@@ -238,12 +238,16 @@ class Supervisor:
         real_gpus = len(snapshot.gpus) if snapshot.backend == "nvml" else 0
         recommendation = recommend_for_node(snapshot) if spec.training.auto else None
         run_dir = Path(run.run_dir)
+        members = elastic.members_of(run, spec)
+        hints = resolve_hints(spec.training, recommendation)
+        if run.grad_accum is not None:  # elastic: the world shrank, the global batch did not
+            hints = hints.model_copy(update={"gradient_accumulation": run.grad_accum})
         return Placement(
             run_id=run.id,
             attempt=attempt,
             node_name=self.node,
-            node_rank=run.node_rank,
-            nnodes=len(run.nodes),
+            node_rank=elastic.attempt_rank(run, members),
+            nnodes=len(members),
             nproc_per_node=resolve_nproc(spec, real_gpus, len(gpus)),
             master_addr=master_addr,
             master_port=master_port,
@@ -255,7 +259,7 @@ class Supervisor:
             ingest=self.ingest.ingest_endpoint,
             control=self.ingest.control_endpoint,
             resume_from=resume_from,
-            hints=resolve_hints(spec.training, recommendation),
+            hints=hints,
             gpus=tuple(g.index for g in gpus),
         )
 
@@ -378,6 +382,9 @@ class Supervisor:
             gpus=[g.index for g in gpus],
             gpu_uuids=[g.uuid for g in gpus],
             resume_from=resume_from,
+            members=elastic.members_of(run, spec),
+            world_size=place.world_size,
+            grad_accum=place.hints.gradient_accumulation,
         )
         part = Part(record, self.clock)
         env = command.environ(os.environ)
@@ -404,6 +411,14 @@ class Supervisor:
         if not req.dry_run:
             self._check_room()
         nodes = [_ref(n) for n in req.nodes]
+        if spec.elastic is not None:
+            named = len(nodes) - len(spec.elastic.spares)
+            if spec.elastic.min_nodes > named:
+                raise ProtocolError(
+                    ErrorCode.INVALID_BODY,
+                    f"elastic.min_nodes {spec.elastic.min_nodes} is more than the {named}"
+                    " node(s) the run is launched on",
+                )
         master_addr = gang.master_host(spec, nodes)
         run_id = new_run_id(spec.name)
         run = self._new_run(run_id, spec, nodes, node_rank=0)
@@ -473,6 +488,8 @@ class Supervisor:
             self._check_room()
         run = self._new_run(req.run_id, spec, nodes, node_rank=req.node_rank, attempt=req.attempt)
         queued = req.queued_at is not None and not req.dry_run
+        if req.standby and not req.dry_run:
+            return self._stand_by(run, nodes, caller)
         if req.master_port is None and not queued:
             raise ProtocolError(ErrorCode.INVALID_BODY, "master_port: needed unless queued_at")
         gpus: list[Gpu] = []
@@ -497,6 +514,18 @@ class Supervisor:
         assert req.master_port is not None
         self.start_part(run, spec, req.attempt, req.master_addr, req.master_port, ResumePoint(None))
         run = self.book.move(run.id, RunState.STARTING, f"attempt {req.attempt}")
+        return JoinReply(run=self.book.summary(run))
+
+    def _stand_by(self, run: RunRecord, nodes: list[NodeRef], caller: Caller) -> JoinReply:
+        """A spare joins: the run is known here and node 0 may start a part here later
+        (`run.part.reserve`, `run.part.start`), when a node of the run is lost."""
+        run = self.book.add(run)
+        if nodes[0].server_key:
+            self.peer_keys.grant(nodes[0].server_key, run.id)
+        self.book.event(run, "join", f"joined as spare node {run.node_rank} by {caller.name}")
+        run = self.book.move(
+            run.id, RunState.PENDING, "a spare: node 0 starts a part here if a node is lost"
+        )
         return JoinReply(run=self.book.summary(run))
 
     def part_reserve(self, req: PartReserveRequest, caller: Caller) -> PartReservation:
@@ -546,7 +575,13 @@ class Supervisor:
             )
         if self.book.get(run.id) is None:
             self.book.load(run)  # an ended run, read back from the store
-        run = self.book.update(run.id, attempt=req.attempt, stop_requested=False)
+        run = self.book.update(
+            run.id,
+            attempt=req.attempt,
+            stop_requested=False,
+            members=req.members,
+            grad_accum=req.grad_accum,
+        )
         part = self.start_part(
             run,
             _spec_of(run),

@@ -45,7 +45,7 @@ from launch.gpuctl.context import (
 from launch.gpuctl.follow import follow, outcome_line
 from launch.gpuctl.output import emit_json
 from launch.gpuctl.runref import find_run
-from launch.spec import RunSpec, SpecError, load_spec
+from launch.spec import RunSpec, SpecError, check_elastic, load_spec
 
 
 def _node_ref(target: NodeTarget) -> NodeRefIn:
@@ -76,6 +76,19 @@ def _targets(ctl: Ctl, spec: RunSpec) -> list[NodeTarget]:
     return ctl.targets()
 
 
+def _spares(ctl: Ctl, spec: RunSpec, targets: list[NodeTarget]) -> list[NodeTarget]:
+    """An elastic run's spares (`elastic.spares`), checked against its nodes."""
+    if spec.elastic is None:
+        return []
+    try:
+        check_elastic(spec.elastic, [t.label for t in targets], spec.restart, spec.launcher)
+    except ValueError as exc:
+        fail(f"spec: {exc}", EXIT_USAGE)
+    if not spec.elastic.spares:
+        return []
+    return Ctl(nodes=list(spec.elastic.spares), json=ctl.json, timeout=ctl.timeout).targets()
+
+
 class JoinFailed(Exception):
     """A node could not join a run node 0 created (node 0 was told to stop it)."""
 
@@ -89,23 +102,26 @@ def start(
 ) -> tuple[LaunchReply, list[JoinReply]]:
     """Create the run on node 0 and join every other node to it. Raises `ClientError` when
     node 0 refuses, `JoinFailed` when another node does."""
-    refs = [_node_ref(t) for t in targets]
+    spares = _spares(ctl, spec, targets)
+    refs = [_node_ref(t) for t in [*targets, *spares]]
     body = spec.model_dump(mode="json")
     launch = LaunchRequest(spec=body, nodes=refs, dry_run=dry_run, queue=queue)
     with Client(targets[0], timeout_s=ctl.timeout) as client:
         reply = client.call(RUN_LAUNCH, launch)
     assert isinstance(reply, LaunchReply)
     joins: list[JoinReply] = []
-    for rank, target in enumerate(targets[1:], start=1):
+    for rank, target in enumerate([*targets, *spares][1:], start=1):
+        standby = rank >= len(targets)
         request = JoinRequest(
             run_id=reply.run.id,
             spec=body,
             nodes=refs,
             node_rank=rank,
             master_addr=reply.master_addr,
-            master_port=reply.master_port,
+            master_port=None if standby else reply.master_port,
             dry_run=dry_run,
-            queued_at=reply.run.queued_at,
+            queued_at=None if standby else reply.run.queued_at,
+            standby=standby,
         )
         try:
             with Client(target, timeout_s=ctl.timeout) as client:

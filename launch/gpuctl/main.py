@@ -22,6 +22,7 @@ VERBS = {
     "status": "launch.gpuctl.runs:status_command",
     "stop": "launch.gpuctl.runs:stop_command",
     "resume": "launch.gpuctl.runs:resume_command",
+    "resize": "launch.gpuctl.resize:resize_command",
     "logs": "launch.gpuctl.runs:logs_command",
     "metrics": "launch.gpuctl.observe:metrics_command",
     "health": "launch.gpuctl.observe:health_command",

@@ -56,8 +56,18 @@ def _age(since: float) -> str:
 
 
 def _shape(run: RunSummary) -> str:
+    """`2x4`: nodes × processes per node; an elastic run on fewer nodes than it was
+    launched on says so: `2/3x4`."""
     procs = "?" if run.nproc is None else str(run.nproc)
-    return f"{len(run.nodes)}x{procs}"
+    return f"{nodes_text(run)}x{procs}"
+
+
+def nodes_text(run: RunSummary) -> str:
+    """How many nodes the current attempt uses: `3`, or `2/3` for an elastic run short of
+    the nodes it was launched on."""
+    planned = run.planned_nodes or len(run.nodes)
+    now = len(run.members) if run.members is not None else planned
+    return f"{now}/{planned}" if now != planned else str(now)
 
 
 def _where(run: RunSummary) -> str:
@@ -145,6 +155,15 @@ def ps_command(ctl: Ctl, active: bool) -> None:
     sys.exit(worst_exit_code(results))
 
 
+def _attempt_shape(r: RunSummary) -> str:
+    """`, on 2/3 nodes (0, 1), world 2` for an elastic run."""
+    if not r.elastic:
+        return ""
+    members = r.members if r.members is not None else list(range(r.planned_nodes or 1))
+    world = f", world {r.world_size}" if r.world_size else ""
+    return f", on {nodes_text(r)} nodes ({', '.join(map(str, members))}){world}"
+
+
 @click.command("status")
 @run_argument
 @json_option
@@ -165,7 +184,7 @@ def status_command(ctl: Ctl, run: str) -> None:
         f"state     {r.state_label} for {_age(r.state_since)}"
         + (f": {r.reason}" if r.reason else ""),
         f"progress  {progress_line(r)}",
-        f"attempt   {r.attempt} (restarts {r.restarts})",
+        f"attempt   {r.attempt} (restarts {r.restarts})" + _attempt_shape(r),
     ]
     if r.last_checkpoint:
         lines.append(f"checkpoint {r.last_checkpoint.path} (step {r.last_checkpoint.step})")
@@ -191,11 +210,12 @@ def status_command(ctl: Ctl, run: str) -> None:
         lines += [
             "",
             table(
-                ["ATTEMPT", "STATE", "PORT", "GPUS", "EXIT", "STARTED", "REASON"],
+                ["ATTEMPT", "STATE", "WORLD", "PORT", "GPUS", "EXIT", "STARTED", "REASON"],
                 [
                     [
                         str(a.attempt),
                         a.state.value,
+                        "-" if a.world_size is None else str(a.world_size),
                         str(a.master_port),
                         gpus_text(a.gpus),
                         _exit_text(a.exit.exit_code, a.exit.signal) if a.exit else "-",

@@ -1,0 +1,177 @@
+"""Elastic runs (issue 21 §3): a 3-node run that loses a node goes on with what is left.
+
+Three daemons on one host make a 3-node run of the CPU DDP example (one gloo rank per
+node, `elastic: {min_nodes: 2}`, `lost_after_s: 10`, a checkpoint every 20 steps). One
+node freezes whole (SIGSTOP of its daemon and its rank): node 0 calls it lost, stops the
+others, and restarts from the checkpoint on the two that answer, with the gradient
+accumulation raised so the global batch is kept; the run finishes with no step missing
+from its metrics. With a spare, the next attempt is back at three nodes. With
+`min_nodes: 3`, the run waits, queued, saying why. When the frozen node wakes, what is
+left of its part of the old attempt is stopped, and `gpuctl resize` brings it back in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psutil
+import pytest
+
+from gpud.runmodel import RunState
+from gpud.runs import procs
+from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.runs import (
+    FAST,
+    assert_no_gap,
+    launch,
+    nothing_left,
+    status,
+    steps_recorded,
+    wait_for,
+    wait_for_step,
+)
+from tests.support.waiting import until
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+Daemons = Callable[..., RunningDaemon]
+
+TOTAL = 600
+ELASTIC = (
+    "nproc_per_node=1", "lost_after_s=10", "checkpoint.every_steps=20",
+    "restart.max_attempts=2", "restart.backoff_s=0",
+)  # fmt: skip
+
+
+@contextmanager
+def frozen(daemon: RunningDaemon, run_id: str, node_rank: int) -> Iterator[None]:
+    """The node freezes whole: its daemon and every process of the run on it."""
+    victims = [daemon.proc.pid, *(p.pid for p in procs.tagged(run_id, node_rank=node_rank))]
+    for pid in victims:
+        psutil.Process(pid).suspend()
+    try:
+        yield
+    finally:
+        for pid in victims:
+            try:
+                psutil.Process(pid).resume()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def three(daemons: Daemons, spares: int = 0) -> list[RunningDaemon]:
+    return [daemons(node=f"n{i}", simulate_gpus=None) for i in range(3 + spares)]
+
+
+def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons) -> None:
+    nodes = three(daemons)
+    run_id = launch(
+        nodes[0], FAST, f"training.max_steps={TOTAL}", "elastic={min_nodes: 2}", *ELASTIC,
+        nodes=tuple(n.address for n in nodes),
+    )  # fmt: skip
+    wait_for_step(nodes[0], run_id, 45)  # past two checkpoints
+    with frozen(nodes[2], run_id, 2):
+        froze = time.monotonic()
+        until(
+            "attempt 2 training on two nodes",
+            lambda: (
+                (s := status(nodes[0], run_id)).run.attempt == 2
+                and s.run.state is RunState.RUNNING
+                and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 5
+            ),
+            timeout=90,
+        )
+        print(f"freeze to attempt 2 training: {time.monotonic() - froze:.1f}s")
+        s = status(nodes[0], run_id)
+        assert s.run.members == [0, 1] and s.run.world_size == 2, s.run
+        second = s.attempts[-1]
+        assert second.world_size == 2 and second.grad_accum == 3  # 2 × 3 nodes / 2 nodes
+        assert second.resume_from is not None
+        listed = next(line for line in gpuctl("ps").stdout.splitlines() if run_id in line)
+        assert " 2/3x1 " in listed, listed
+        shown = gpuctl("--node", nodes[0].address, "status", run_id).stdout
+        assert "on 2/3 nodes (0, 1), world 2" in shown, shown
+        events = [e.message for e in s.events if e.kind == "attempt"]
+        assert any("on 2/3 node(s) without node(s) 2" in m for m in events), events
+        assert any("gradient accumulation 3" in m for m in events), events
+    # Node 2 woke up: its part of attempt 1 is stopped; it does not rejoin by itself.
+    until("node 2's old part stopped", lambda: not procs.tagged(run_id, node_rank=2), 30)
+    assert status(nodes[0], run_id).run.members == [0, 1]
+    resized = gpuctl("--node", nodes[0].address, "resize", run_id, timeout=120)
+    assert resized.returncode == 0, resized.stderr
+    assert "attempt 3 on 3 node(s) (attempt 2 had 2/3)" in resized.stdout, resized.stdout
+    third = status(nodes[0], run_id)
+    assert third.run.members == [0, 1, 2] and third.attempts[-1].grad_accum == 2
+    ended = wait_for(nodes[0], run_id, {"succeeded", "failed", "stopped"}, timeout=240)
+    assert ended.run.state is RunState.SUCCEEDED, ended.run.reason
+    assert_no_gap(steps_recorded(nodes[0], run_id), TOTAL)
+    nothing_left(run_id, timeout=30)
+
+
+def test_with_a_spare_the_next_attempt_is_back_at_three_nodes(daemons: Daemons) -> None:
+    nodes = three(daemons, spares=1)
+    spare = nodes[3].address
+    run_id = launch(
+        nodes[0], FAST, f"training.max_steps={TOTAL}",
+        f"elastic={{min_nodes: 2, spares: ['{spare}']}}", *ELASTIC,
+        nodes=tuple(n.address for n in nodes[:3]),
+    )  # fmt: skip
+    assert status(nodes[3], run_id).run.state is RunState.PENDING  # a spare, idle
+    wait_for_step(nodes[0], run_id, 45)
+    with frozen(nodes[1], run_id, 1):
+        until(
+            "attempt 2 on nodes 0, 2 and the spare",
+            lambda: (
+                (s := status(nodes[0], run_id)).run.attempt == 2 and s.run.state is RunState.RUNNING
+            ),
+            timeout=90,
+        )
+        s = status(nodes[0], run_id)
+        assert s.run.members == [0, 2, 3] and s.run.world_size == 3, s.run
+        assert s.attempts[-1].grad_accum == 2  # three nodes again: the spec's own
+        assert status(nodes[3], run_id).run.state in {RunState.STARTING, RunState.RUNNING}
+    ended = wait_for(nodes[0], run_id, {"succeeded", "failed", "stopped"}, timeout=240)
+    assert ended.run.state is RunState.SUCCEEDED, ended.run.reason
+    assert_no_gap(steps_recorded(nodes[0], run_id), TOTAL)
+    nothing_left(run_id, timeout=30)
+
+
+def test_below_min_nodes_the_run_waits_queued_and_says_why(daemons: Daemons) -> None:
+    nodes = three(daemons)
+    run_id = launch(
+        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 3}", *ELASTIC,
+        nodes=tuple(n.address for n in nodes),
+    )  # fmt: skip
+    wait_for_step(nodes[0], run_id, 25)
+    with frozen(nodes[2], run_id, 2):
+        queued = wait_for(nodes[0], run_id, {"queued"}, timeout=60)
+        assert "fewer than elastic.min_nodes 3" in (queued.run.reason or ""), queued.run.reason
+    # Awake again: the run starts on all three.
+    until(
+        "attempt 2 running on three nodes",
+        lambda: (
+            (s := status(nodes[0], run_id)).run.state is RunState.RUNNING and s.run.attempt == 2
+        ),
+        timeout=90,
+    )
+    assert status(nodes[0], run_id).run.members == [0, 1, 2]
+    stopped = gpuctl("--node", nodes[0].address, "stop", run_id, "--force", timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    nothing_left(run_id, timeout=30)
+
+
+def test_bad_elastic_specs_are_one_line(daemons: Daemons) -> None:
+    node = daemons()
+    spec = "config/examples/cpu-ddp.yaml"
+    too_many = gpuctl(
+        "--node", node.address, "launch", spec,
+        "--set", "elastic={min_nodes: 2}", "--set", "restart.max_attempts=1",
+    )  # fmt: skip
+    assert too_many.returncode == 2
+    assert too_many.stderr.strip().splitlines() == [
+        "gpuctl: error: spec: elastic.min_nodes 2 is more than the 1 node(s) listed"
+    ]
+    no_restart = gpuctl("--node", node.address, "launch", spec, "--set", "elastic={min_nodes: 1}")
+    assert no_restart.returncode == 2 and len(no_restart.stderr.strip().splitlines()) == 1
+    assert "restart.max_attempts" in no_restart.stderr
