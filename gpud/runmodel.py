@@ -287,8 +287,9 @@ class AttemptRecord(Reading):
     )
     world_size: int | None = Field(None, description="ranks in this attempt, all nodes")
     grad_accum: int | None = Field(
-        None, description="gradient accumulation this attempt was given (elastic: raised as"
-        " the world shrank)"
+        None,
+        description="gradient accumulation this attempt was given (elastic: raised as"
+        " the world shrank)",
     )
 
     @property

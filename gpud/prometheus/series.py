@@ -391,8 +391,12 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
         ("run", "rank"),
     )  # fmt: skip
     world = _gauge("gpud_run_world_size", "Ranks in the run's current attempt.", ("run",))
-    nodes = _gauge("gpud_run_nodes", "Nodes in the run's current attempt (an elastic run may"
-                   " use fewer than it was launched on: gpud_run_planned_nodes).", ("run",))
+    nodes = _gauge(
+        "gpud_run_nodes",
+        "Nodes in the run's current attempt (an elastic run may"
+        " use fewer than it was launched on: gpud_run_planned_nodes).",
+        ("run",),
+    )
     planned = _gauge("gpud_run_planned_nodes", "Nodes the run was launched on.", ("run",))
     for run in runs:
         s = run.summary

@@ -70,8 +70,7 @@ def choose_members(
     chosen += added
     if len(chosen) < spec.elastic.min_nodes:
         return None, (
-            f"{len(chosen)} healthy node(s), fewer than elastic.min_nodes"
-            f" {spec.elastic.min_nodes}"
+            f"{len(chosen)} healthy node(s), fewer than elastic.min_nodes {spec.elastic.min_nodes}"
         )
     left_out = [r for r in first if r not in chosen]
     words = f"{len(chosen)}/{len(first)} node(s)"
