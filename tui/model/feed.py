@@ -37,7 +37,16 @@ from gpud.client import (
 )
 from gpud.endpoints import events_endpoint_for
 from gpud.keys import KeyFileError, KeyPair, load_client_keypair
-from gpud.protocol import RUN_METRICS, Event, LogsRequest, MetricsReply, MetricsRequest
+from gpud.protocol import (
+    RUN_METRICS,
+    RUN_STATUS,
+    Event,
+    LogsRequest,
+    MetricsReply,
+    MetricsRequest,
+    RunRef,
+    RunStatus,
+)
 from tui.model.decode import decode
 from tui.model.fleet import FleetModel, Want
 from tui.model.targets import Target
@@ -307,6 +316,10 @@ def fetch(model: FleetModel, client: Client, want: Want, key: str = "") -> None:
             reply = client.call(RUN_METRICS, request, 30.0)
             if isinstance(reply, MetricsReply):
                 model.apply_metrics_history(want.run_id, reply)
+            # Each attempt's world size, for the curve's resume marks (elastic runs).
+            status = client.call(RUN_STATUS, RunRef(run=want.run_id))
+            if isinstance(status, RunStatus):
+                model.apply_attempts(want.run_id, status.attempts)
         elif want.kind == "logs":
             chunk = client.run_logs(
                 LogsRequest(run=want.run_id, attempt=want.attempt, tail_lines=TAIL_LINES)

@@ -28,7 +28,7 @@ from gpud.protocol import (
     RunMetricsEvent,
     RunSummary,
 )
-from gpud.runmodel import HealthSummary, RunEvent
+from gpud.runmodel import AttemptRecord, HealthSummary, RunEvent
 from gpud.scaling import LiveEfficiency, live_efficiency
 from gpud.snapshot import NodeEvent, NodeSnapshot
 from tui.model.baselines import BaselineBook
@@ -228,6 +228,16 @@ class FleetModel:
     def apply_metrics_history(self, run_id: str, reply: MetricsReply) -> None:
         with self.lock:
             self._run(run_id).add_history(reply)
+            self._changed()
+
+    def apply_attempts(self, run_id: str, attempts: list[AttemptRecord]) -> None:
+        """Node 0's attempts: what each started on (its world size)."""
+        with self.lock:
+            run = self._run(run_id)
+            for a in attempts:
+                if a.world_size is not None:
+                    run.worlds[a.attempt] = a.world_size
+            run.version += 1
             self._changed()
 
     def metrics_unavailable(self, run_id: str, why: str) -> None:

@@ -79,6 +79,7 @@ class RunView:
         self.brief_verdict: str | None = None  # node 0's brief says, when no health came
         self.metrics_version = 0
         self.version = 0
+        self.worlds: dict[int, int] = {}  # attempt → its world size (elastic runs change it)
 
     # ------------------------------------------------------------ the gang's record
 
@@ -104,6 +105,8 @@ class RunView:
             return
         self.parts[summary.node_rank] = summary
         self.part_nodes[summary.node_rank] = node_key
+        if summary.node_rank == 0 and summary.world_size is not None:
+            self.worlds[summary.attempt] = summary.world_size
         self.version += 1
 
     def add_brief(self, node_key: str, brief: RunBrief, when: float) -> bool:
@@ -149,12 +152,16 @@ class RunView:
         return any(part.gpus for part in self.parts.values())
 
     def nproc_by_node(self) -> list[int | None]:
-        """Processes per node of the run, in node-rank order (None: not known yet)."""
-        nodes = len(self.summary.nodes) if self.parts else 0
-        fallback = self.summary.nproc if self.parts else None
+        """Processes per node of the current attempt's nodes, in node-rank order (None:
+        not known yet); an elastic attempt may use fewer nodes than the run has."""
+        if not self.parts:
+            return []
+        s = self.summary
+        members = s.members if s.members is not None else range(s.planned_nodes or len(s.nodes))
+        fallback = s.nproc
         return [
             (self.parts[r].nproc if r in self.parts and self.parts[r].nproc else fallback)
-            for r in range(nodes)
+            for r in members
         ]
 
     def world_size(self) -> int | None:

@@ -15,6 +15,7 @@ from textual.widget import Widget
 
 from tui.model import braille, units
 from tui.model.runs import RunView
+from tui.model.series import Drawn
 
 STYLES = {
     braille.AXIS: Style(color="grey50"),
@@ -25,6 +26,18 @@ STYLES = {
         for i, color in enumerate(["cyan", "dark_orange", "magenta", "green", "yellow", "blue"])
     },
 }
+
+
+def resume_marks(drawn: Drawn, worlds: dict[int, int]) -> str:
+    """`@120,340`; where the world size changed (an elastic run): `@120 (2 ranks),@340
+    (3 ranks)`, so a slower stretch of the curve is not mistaken for a slower run."""
+    attempts = [attempt for attempt, _, _ in drawn.segments[1:]]
+    changed = len({worlds.get(a) for a, _, _ in drawn.segments} - {None}) > 1
+    marks = []
+    for attempt, x in zip(attempts, drawn.resumed_at, strict=False):
+        world = worlds.get(attempt)
+        marks.append(f"@{int(x)}" + (f" ({world} ranks)" if changed and world else ""))
+    return ",".join(marks)
 
 
 class LossChart(Widget):
@@ -56,7 +69,7 @@ class LossChart(Widget):
         last = series.last()
         title = f"{metric} {units.number(last[2]) if last else ''}"
         if drawn.resumed_at:
-            title += " · resumed @" + ",".join(str(int(x)) for x in drawn.resumed_at) + " ┊"
+            title += " · resumed " + resume_marks(drawn, run.worlds) + " ┊"
         self.title = title
         self.points = drawn.points
         laid_out = braille.plot(drawn, width, height, title)

@@ -39,6 +39,13 @@ def header_text(run: RunView, metric: str, efficiency: LiveEfficiency | None = N
     if backend:
         text.append(f"/{backend}", style="bold magenta")
     text.append(f" · {shape(run)} procs")
+    if s.elastic and s.members is not None and s.planned_nodes:
+        short = len(s.members) < s.planned_nodes
+        world = f", world {s.world_size}" if s.world_size else ""
+        text.append(
+            f" · {len(s.members)}/{s.planned_nodes} nodes{world}",
+            style="bold yellow" if short else "",
+        )
     if s.attached is not None:
         text.append(f" · {attached_text(s.attached)}", style="bold blue")
     text.append("\n")
