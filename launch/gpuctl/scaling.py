@@ -153,6 +153,7 @@ def point_spec(spec: RunSpec, addresses: list[str], procs: int, max_steps: int) 
         data["gpus"] = procs
     data.setdefault("training", {})["max_steps"] = max_steps
     data.setdefault("restart", {})["max_attempts"] = 0
+    data.pop("elastic", None)  # a point measures its own count: it never shrinks
     return parse_spec(data, f"{spec.name} at {procs} process(es) per node")
 
 
@@ -293,6 +294,10 @@ def measure(
     )
     if not status.run.state.terminal:
         return point.model_copy(update={"error": "lost the run's nodes"}), EXIT_UNREACHABLE
+    ran = status.attempts[-1].world_size if status.attempts else None
+    if ran is not None and ran != count.world:  # never a slower run: another shape
+        why = f"ran with {ran} process(es), not {count.world}"
+        return point.model_copy(update={"error": why}), EXIT_FAILED
     window = timed_window(_rows(ctl, found, settings), settings.warmup, settings.total - 1)
     if window is None or window.steps < settings.steps:
         why = watch.stopped or status.run.reason or f"ended {status.run.state.value}"
