@@ -485,7 +485,9 @@ class Gang:
         run = self.book.get(run_id)
         if run is None or run.state is not RunState.PENDING or run.next_restart_at is None:
             return
-        silent, waiting = await self._old_attempt_left(run)
+        view = self.views.get(run.id)
+        lost = {r for r, p in view.parts.items() if p.state is RunState.LOST} if view else set()
+        silent, waiting = await self._old_attempt_left(run, lost)
         can_leave_out = parse_spec(run.spec).elastic is not None and 0 not in silent
         if waiting or (silent and not can_leave_out):
             why = waiting or "node(s) " + ", ".join(map(str, sorted(silent))) + " do not answer"
@@ -510,12 +512,18 @@ class Gang:
         except ProtocolError as exc:
             log.error("run %s: could not start from the queue: %s", run.id, exc.message)
 
-    async def _old_attempt_left(self, run: RunRecord) -> tuple[set[int], str | None]:
+    async def _old_attempt_left(
+        self, run: RunRecord, lost: set[int]
+    ) -> tuple[set[int], str | None]:
         """The nodes of the last attempt that do not answer, and why a new attempt cannot
-        start yet (a part still running: it is stopped first)."""
+        start yet (a part still running: it is stopped first). A node already declared
+        `lost` is asked too (it may be back), unless the run is elastic: then it is left
+        out at once rather than waited for (its leftovers are stopped when it answers)."""
         request = PartStatusRequest(run_id=run.id)
-        replies = await self._call(run, self._others(run), PART_STATUS, _each(request))
-        silent = {r for r, reply in replies.items() if isinstance(reply, Unreachable)}
+        skip = lost if parse_spec(run.spec).elastic is not None else set()
+        asked = [r for r in self._others(run) if r not in skip]
+        replies = await self._call(run, asked, PART_STATUS, _each(request))
+        silent = set(skip) | {r for r, reply in replies.items() if isinstance(reply, Unreachable)}
         running = [
             r
             for r, reply in replies.items()
