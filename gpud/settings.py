@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpud.endpoints import AddressError, is_loopback, parse_endpoint
 from gpud.kube.podresources import DEFAULT_SOCKET
+from gpud.notify.targets import Webhook
 from gpud.paths import config_dir, default_state_dir
 from gpud.protocol import describe_validation_error
 
@@ -81,6 +82,12 @@ class ServeSettings(BaseModel):
         le=1_000_000.0,
         description="the audit log and its rotated files (audit.log.1..3) hold at most this"
         " many MiB together; the oldest records go first",
+    )
+    notify: list[Webhook] = Field(
+        default_factory=list,
+        max_length=32,
+        description="webhooks that get alerts (a run failed, stalled or hung; a GPU"
+        " quarantined): url, format (json, slack, discord), events; config file only",
     )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")
