@@ -6,12 +6,16 @@ its events, and measures over `--duration` seconds (default 60):
 - CPU seconds per wall second of the daemon process, and its RSS;
 - requests per second on the control socket (node.info, pipelined from a raw DEALER),
   with CurveZMQ, then the same against an `--insecure` daemon, side by side, as a ratio;
-- round-trip latency through the real `Client` class, for context.
+- round-trip latency through the real `Client` class, for context;
+- webhook alerts (issue 23 §4): with 4 runs and one alert a second (a run that fails,
+  launched every second) to a receiver that answers after 2 s, the daemon's CPU and
+  node.info latency beside the same load with no webhooks (`--webhooks-only` runs just this).
 
 Targets (issue 2): under 1% of a core, under 80 MB RSS, at least 5,000 authenticated
 status requests per second.
 
     .venv/bin/python bench/daemon_overhead.py [--duration 60] [--requests 30000]
+    .venv/bin/python bench/daemon_overhead.py --webhooks-only [--duration 60]
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import psutil
+import yaml
 import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +54,11 @@ from gpud.protocol import (  # noqa: E402
     hw_topic,
 )
 from gpud.runmodel import HealthSummary  # noqa: E402
+from launch.gpuctl.context import Ctl  # noqa: E402
+from launch.gpuctl.launching import start as start_run  # noqa: E402
+from launch.spec import load_spec  # noqa: E402
 from tests.support.daemons import RunningDaemon, free_port, gpuctl, start_daemon  # noqa: E402
+from tests.support.probe import Prober  # noqa: E402
 
 
 def idle_cost(daemon: RunningDaemon, duration: float) -> tuple[float, float, int]:
@@ -123,12 +134,13 @@ def latency_ms(daemon: RunningDaemon, count: int = 500) -> float:
     return statistics.median(samples)
 
 
-def launch_sleepers(daemon: RunningDaemon, tmp: Path, count: int) -> list[str]:
-    """`count` runs of one sleeping process each, on 2 GPUs each: runs for /metrics to list."""
+def launch_sleepers(daemon: RunningDaemon, tmp: Path, count: int, gpus: int = 2) -> list[str]:
+    """`count` runs of one sleeping process each, on `gpus` GPUs each: runs for /metrics
+    to list and for the daemon to supervise."""
     script = tmp / "sleeper.py"
     script.write_text("import time\ntime.sleep(3600)\n")
     spec = tmp / "sleeper.yaml"
-    spec.write_text(f"name: sleeper\nlauncher: python\nscript: {script}\ngpus: 2\n")
+    spec.write_text(f"name: sleeper\nlauncher: python\nscript: {script}\ngpus: {gpus}\n")
     ids = []
     for _ in range(count):
         result = gpuctl("--node", daemon.address, "--json", "launch", str(spec))
@@ -203,15 +215,124 @@ def brief_cost(daemon: RunningDaemon, count: int = 2000) -> tuple[float, float, 
     return brief_us, hw_us, len(brief_frames[1]), hw_size
 
 
+class SlowReceiver:
+    """A webhook receiver that answers 200 after `delay_s`, counting what came."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.received = 0
+        lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(delay_s)
+                with lock:
+                    receiver.received += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T0/B0/secret"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def alert_load(tmp: Path, gpus: int, duration: float, receiver: SlowReceiver | None,
+               node: str) -> tuple[float, Prober, int]:  # fmt: skip
+    """A daemon with 4 runs and a run that fails launched every second (one `failed` alert
+    a second), with webhooks to `receiver` or none: (daemon CPU, the prober's latencies
+    of node.info meanwhile, runs launched)."""
+    extra: tuple[str, ...] = ()
+    if receiver is not None:
+        config = tmp / f"{node}.yaml"
+        config.write_text(yaml.safe_dump({"notify": [{"url": receiver.url, "format": "slack"}]}))
+        extra = ("--config", str(config))
+    daemon = start_daemon(tmp, node=node, simulate_gpus=gpus, interval=1.0, extra=extra)
+    sleepers: list[str] = []
+    try:
+        sleepers = launch_sleepers(daemon, tmp, 4, gpus=1)
+        script = tmp / "fails.py"
+        script.write_text("raise SystemExit('bad shard 17')\n")
+        spec_path = tmp / "fails.yaml"
+        spec_path.write_text(f"name: fails\nlauncher: python\nscript: {script}\n")
+        spec = load_spec(spec_path)
+        ctl = Ctl(nodes=[daemon.address], json=True, timeout=10.0)
+        target = daemon.target()
+        time.sleep(3.0)
+        proc = psutil.Process(daemon.proc.pid)
+        launched = 0
+        with Prober(daemon) as prober:
+            before = proc.cpu_times()
+            began = time.monotonic()
+            while (elapsed := time.monotonic() - began) < duration:
+                start_run(ctl, spec, [target])
+                launched += 1
+                time.sleep(max(0.0, launched - (time.monotonic() - began)))
+            after = proc.cpu_times()
+        cpu = (after.user + after.system) - (before.user + before.system)
+        return cpu / elapsed, prober, launched
+    finally:
+        for run_id in sleepers:
+            gpuctl("--node", daemon.address, "stop", run_id, "--force")
+        daemon.stop()
+
+
+def webhooks_side_by_side(tmp: Path, gpus: int, duration: float) -> None:
+    delay = 2.0
+    print(f"webhooks: {gpus} simulated GPUs, 4 runs, one run failing a second (one alert a"
+          f" second) for {duration:.0f} s, node.info asked every 20 ms meanwhile")  # fmt: skip
+    receiver = SlowReceiver(delay)
+    try:
+        quiet, quiet_probe, _ = alert_load(tmp, gpus, duration, None, "no-hooks")
+        loud, loud_probe, launched = alert_load(tmp, gpus, duration, receiver, "hooks")
+        deadline = time.monotonic() + 10
+        while receiver.received < launched and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        receiver.close()
+    for label, cpu, probe in (
+        ("no webhooks", quiet, quiet_probe),
+        (f"Slack webhook, answers after {delay:g} s", loud, loud_probe),
+    ):
+        print(f"  {label:38} daemon CPU {cpu * 100:5.2f} % of a core;"
+              f" node.info median {probe.percentile(0.5) * 1000:5.2f} ms,"
+              f" p99 {probe.percentile(0.99) * 1000:5.2f} ms,"
+              f" slowest {probe.worst_s * 1000:4.0f} ms")  # fmt: skip
+    print(f"  webhooks add {(loud - quiet) * 100:+5.2f} % of a core (ratio"
+          f" {loud / quiet if quiet else float('nan'):.2f}); p99 ratio"
+          f" {loud_probe.percentile(0.99) / quiet_probe.percentile(0.99):.2f};"
+          f" {receiver.received} of {launched} alerts received")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=60.0, help="idle window, seconds")
     parser.add_argument("--requests", type=int, default=30_000, help="requests per run")
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--webhooks-only", action="store_true", help="only the webhook scenario (issue 23 §4)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gpud-bench-") as tmp:
         os.environ["GPUD_CONFIG_DIR"] = str(Path(tmp) / "config")
+        if args.webhooks_only:
+            print(
+                f"machine: {platform.node()}, {os.cpu_count()} cores, "
+                f"Python {platform.python_version()}"
+            )
+            webhooks_side_by_side(Path(tmp), args.gpus, args.duration)
+            return
         secure = start_daemon(Path(tmp), node="secure", simulate_gpus=args.gpus, interval=1.0)
         insecure = start_daemon(
             Path(tmp),
@@ -286,6 +407,7 @@ def main() -> None:
             for run_id in sleepers:
                 gpuctl("--node", scraped.address, "stop", run_id, "--force")
             scraped.stop()
+        webhooks_side_by_side(Path(tmp), args.gpus, args.duration)
 
 
 if __name__ == "__main__":

@@ -204,6 +204,24 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
+def readable_secrets(path: Path | None, settings: ServeSettings) -> str | None:
+    """A warning when the config file holds webhook URLs (secrets) and users other than its
+    owner may read it; None when all is well."""
+    path = path or config_dir() / DEFAULT_CONFIG_NAME
+    if not settings.notify:
+        return None
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return (
+        f"{path} holds webhook URLs, which are secrets, and others may read it"
+        f" (mode {mode & 0o777:o}): chmod 600 {path}"
+    )
+
+
 def build_settings(values: dict[str, Any], source: str = "settings") -> ServeSettings:
     """Validate merged settings; one-line SettingsError naming the bad one."""
     try:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.settings import SettingsError, build_settings, load_config_file
+from gpud.settings import SettingsError, build_settings, load_config_file, readable_secrets
 
 
 def test_defaults_are_loopback_and_secure(tmp_path: Path) -> None:
@@ -95,3 +95,19 @@ def test_a_bad_webhook_is_one_line_without_its_url(hook: dict[str, object], said
     with pytest.raises(SettingsError) as err:
         build_settings({"notify": [hook]})
     assert said in str(err.value) and "s3cr3t" not in str(err.value)
+
+
+def test_a_config_file_with_webhooks_others_can_read_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "gpud.yaml"
+    path.write_text("notify: [{url: 'https://hooks.slack.com/services/T0/B0/s3cr3t'}]\n")
+    settings = build_settings(load_config_file(path))
+    path.chmod(0o644)
+    said = readable_secrets(path, settings)
+    assert said == (
+        f"{path} holds webhook URLs, which are secrets, and others may read it (mode 644):"
+        f" chmod 600 {path}"
+    )
+    path.chmod(0o600)
+    assert readable_secrets(path, settings) is None
+    path.chmod(0o644)
+    assert readable_secrets(path, build_settings({})) is None  # no webhooks in it
