@@ -21,10 +21,11 @@ import yaml
 from gpud.runmodel import RunState
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
 from tests.support.probe import Prober
-from tests.support.runs import script_spec, wait_for
+from tests.support.runs import FAST, launch, nothing_left, script_spec, wait_for
 from tests.support.waiting import until
 from tests.support.webhooks import Receiver
 
+pytestmark = pytest.mark.slow
 Daemons = Callable[..., RunningDaemon]
 
 FAILS = """
@@ -119,6 +120,29 @@ def test_a_failed_run_posts_one_alert_per_webhook_with_its_cause(
         assert plain.received[0].path == f"/hooks/{plain.secret}"
         assert _deliveries(port) == {"sent": 3.0, "failed": 0.0, "dropped": 0.0, "retried": 0.0}
         _no_secret_in(daemon, plain, slack, discord)
+
+
+def test_only_node_0_alerts_about_a_run_of_two_nodes(tmp_path: Path, daemons: Daemons) -> None:
+    with Receiver() as hook:
+        config = tmp_path / "gpud.yaml"
+        config.write_text(yaml.safe_dump({"notify": [{"url": hook.url}]}))
+        node0 = daemons(node="n0", simulate_gpus=None, extra=("--config", str(config)))
+        node1 = daemons(node="n1", simulate_gpus=None, extra=("--config", str(config)))
+        run_id = launch(
+            node0, FAST, "training.max_steps=100000", "env.GPUD_TEST_RAISE_RANK=3",
+            "env.GPUD_TEST_RAISE_AT_STEP=4", "env.GPUD_TEST_RAISE_MESSAGE='bad shard 17'",
+            nodes=(node0.address, node1.address),
+        )  # fmt: skip
+        wait_for(node0, run_id, {"failed"}, timeout=120)
+        wait_for(node1, run_id, {"failed", "stopped"}, timeout=60)
+        (got,) = hook.wait_for(1)
+        time.sleep(2.0)
+        assert hook.count() == 1, hook.bodies()
+        alert = got.body
+        assert alert["node"] == "n0" and alert["run"]["nodes"] == 2
+        assert alert["text"].startswith("rank 3 on node n1: ValueError: bad shard 17"), alert
+        assert alert["look"] == f"gpuctl --node {node0.address} status {run_id}"
+        nothing_left(run_id)
 
 
 def test_succeeded_is_sent_only_where_asked(tmp_path: Path, daemons: Daemons) -> None:
