@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from gpud.notify.targets import EventKind
-from gpud.runmodel import FailureCause, RunRecord, RunState, Stall, completed_steps
+from gpud.runmodel import CauseKind, FailureCause, RunRecord, RunState, Stall, completed_steps
 from gpud.snapshot import NodeEvent, Reading, Severity
 
 #: Bumped when a field changes meaning; receivers can check it.
@@ -124,7 +124,7 @@ def hang_restart(run: RunRecord, node: str, address: str) -> Alert | None:
     """A run node 0 stopped as hung and will restart (it waits in `pending` with the hang
     as its cause); None for anything else. A hang with no restart left ends `failed`."""
     cause = run.cause
-    if run.state is not RunState.PENDING or cause is None or cause.kind.value != "hang":
+    if run.state is not RunState.PENDING or cause is None or cause.kind is not CauseKind.HANG:
         return None
     return Alert(
         event=EventKind.HANG,
