@@ -264,7 +264,7 @@ def alert_load(tmp: Path, gpus: int, duration: float, receiver: SlowReceiver | N
         script = tmp / "fails.py"
         script.write_text("raise SystemExit('bad shard 17')\n")
         spec_path = tmp / "fails.yaml"
-        spec_path.write_text(f"name: fails\nlauncher: python\nscript: {script}\n")
+        spec_path.write_text(f"name: fails\nlauncher: python\nscript: {script}\ngpus: 1\n")
         spec = load_spec(spec_path)
         ctl = Ctl(nodes=[daemon.address], json=True, timeout=10.0)
         target = daemon.target()
@@ -285,6 +285,46 @@ def alert_load(tmp: Path, gpus: int, duration: float, receiver: SlowReceiver | N
         for run_id in sleepers:
             gpuctl("--node", daemon.address, "stop", run_id, "--force")
         daemon.stop()
+
+
+def per_alert_cpu_ms(count: int = 300) -> tuple[float, float]:
+    """(CPU ms per alert, of which the loop's share): what one `failed` alert costs the
+    daemon's threads: on its loop, the alert from the run record and the Slack body; on a
+    sender thread, the POST to a local receiver (answering at once). Thread CPU time, so
+    the receiver in this process does not count."""
+    from gpud.notify.alerts import run_ended
+    from gpud.notify.payloads import render
+    from gpud.notify.sender import http_post
+    from gpud.runmodel import CauseKind, FailureCause, NodeRef, RunRecord, RunState
+
+    run = RunRecord(
+        id="train-3f9a2c", name="train", created_at=0.0, spec={"name": "train"},
+        nodes=[NodeRef(control="tcp://gpu-a:7711")], node_rank=0, state=RunState.FAILED,
+        state_since=1.0, run_dir="/tmp/r", checkpoint_dir="/tmp/c", attempt=2,
+        cause=FailureCause(kind=CauseKind.USER, summary="ValueError: bad shard 17", rank=1,
+                           node="gpu-b", step=40, attempt=2, hint="look at shard 17"),
+    )  # fmt: skip
+    receiver = SlowReceiver(0.0)
+    loop_s = post_s = 0.0
+
+    def work() -> None:
+        nonlocal loop_s, post_s
+        http_post(receiver.url, b"{}", 5.0)  # warm-up
+        for _ in range(count):
+            began = time.thread_time()
+            alert = run_ended(run, "gpu-a", "gpu-a:7711")
+            assert alert is not None
+            body = render(alert, "slack")
+            built = time.thread_time()
+            http_post(receiver.url, body, 5.0)
+            loop_s += built - began
+            post_s += time.thread_time() - built
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    receiver.close()
+    return (loop_s + post_s) * 1000 / count, loop_s * 1000 / count
 
 
 def webhooks_side_by_side(tmp: Path, gpus: int, duration: float) -> None:
@@ -312,6 +352,9 @@ def webhooks_side_by_side(tmp: Path, gpus: int, duration: float) -> None:
           f" {loud / quiet if quiet else float('nan'):.2f}); p99 ratio"
           f" {loud_probe.percentile(0.99) / quiet_probe.percentile(0.99):.2f};"
           f" {receiver.received} of {launched} alerts received")  # fmt: skip
+    each, on_loop = per_alert_cpu_ms()
+    print(f"  one alert: {each:.2f} ms of the daemon's CPU ({on_loop:.2f} ms on its loop, the"
+          f" rest on a sender thread): {each / 10:.3f} % of a core at one a second")  # fmt: skip
 
 
 def main() -> None:
