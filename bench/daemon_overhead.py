@@ -15,7 +15,7 @@ Targets (issue 2): under 1% of a core, under 80 MB RSS, at least 5,000 authentic
 status requests per second.
 
     .venv/bin/python bench/daemon_overhead.py [--duration 60] [--requests 30000]
-    .venv/bin/python bench/daemon_overhead.py --webhooks-only [--duration 60]
+    .venv/bin/python bench/daemon_overhead.py --webhooks-only [--duration 60] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -327,30 +327,46 @@ def per_alert_cpu_ms(count: int = 300) -> tuple[float, float]:
     return (loop_s + post_s) * 1000 / count, loop_s * 1000 / count
 
 
-def webhooks_side_by_side(tmp: Path, gpus: int, duration: float) -> None:
+def webhooks_side_by_side(tmp: Path, gpus: int, duration: float, rounds: int = 1) -> None:
+    """No webhooks, then webhooks, `rounds` times in turn (machine noise hits both alike);
+    the sum of the rounds' CPU and the probes' latencies taken together."""
     delay = 2.0
     print(f"webhooks: {gpus} simulated GPUs, 4 runs, one run failing a second (one alert a"
-          f" second) for {duration:.0f} s, node.info asked every 20 ms meanwhile")  # fmt: skip
+          f" second), {rounds} x {duration:.0f} s each side in turn, node.info asked every"
+          " 20 ms meanwhile")  # fmt: skip
     receiver = SlowReceiver(delay)
+    cpu = {False: 0.0, True: 0.0}
+    latencies: dict[bool, list[float]] = {False: [], True: []}
+    launched = 0
     try:
-        quiet, quiet_probe, _ = alert_load(tmp, gpus, duration, None, "no-hooks")
-        loud, loud_probe, launched = alert_load(tmp, gpus, duration, receiver, "hooks")
+        for n in range(rounds):
+            for hooks in (False, True):
+                used, probe, count = alert_load(
+                    tmp, gpus, duration, receiver if hooks else None, f"r{n}-{int(hooks)}"
+                )
+                cpu[hooks] += used / rounds
+                latencies[hooks] += probe.latencies
+                launched += count if hooks else 0
         deadline = time.monotonic() + 10
         while receiver.received < launched and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
         receiver.close()
-    for label, cpu, probe in (
-        ("no webhooks", quiet, quiet_probe),
-        (f"Slack webhook, answers after {delay:g} s", loud, loud_probe),
-    ):
-        print(f"  {label:38} daemon CPU {cpu * 100:5.2f} % of a core;"
-              f" node.info median {probe.percentile(0.5) * 1000:5.2f} ms,"
-              f" p99 {probe.percentile(0.99) * 1000:5.2f} ms,"
-              f" slowest {probe.worst_s * 1000:4.0f} ms")  # fmt: skip
+
+    def pct(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
+
+    labels = {False: "no webhooks", True: f"Slack webhook, answers after {delay:g} s"}
+    for hooks, label in labels.items():
+        print(f"  {label:38} daemon CPU {cpu[hooks] * 100:5.2f} % of a core;"
+              f" node.info median {pct(latencies[hooks], 0.5):5.2f} ms,"
+              f" p99 {pct(latencies[hooks], 0.99):6.2f} ms,"
+              f" slowest {pct(latencies[hooks], 1.0):4.0f} ms")  # fmt: skip
+    quiet, loud = cpu[False], cpu[True]
     print(f"  webhooks add {(loud - quiet) * 100:+5.2f} % of a core (ratio"
           f" {loud / quiet if quiet else float('nan'):.2f}); p99 ratio"
-          f" {loud_probe.percentile(0.99) / quiet_probe.percentile(0.99):.2f};"
+          f" {pct(latencies[True], 0.99) / pct(latencies[False], 0.99):.2f};"
           f" {receiver.received} of {launched} alerts received")  # fmt: skip
     each, on_loop = per_alert_cpu_ms()
     print(f"  one alert: {each:.2f} ms of the daemon's CPU ({on_loop:.2f} ms on its loop, the"
@@ -365,6 +381,7 @@ def main() -> None:
     parser.add_argument(
         "--webhooks-only", action="store_true", help="only the webhook scenario (issue 23 §4)"
     )
+    parser.add_argument("--rounds", type=int, default=1, help="webhook scenario: rounds")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gpud-bench-") as tmp:
@@ -374,7 +391,7 @@ def main() -> None:
                 f"machine: {platform.node()}, {os.cpu_count()} cores, "
                 f"Python {platform.python_version()}"
             )
-            webhooks_side_by_side(Path(tmp), args.gpus, args.duration)
+            webhooks_side_by_side(Path(tmp), args.gpus, args.duration, args.rounds)
             return
         secure = start_daemon(Path(tmp), node="secure", simulate_gpus=args.gpus, interval=1.0)
         insecure = start_daemon(
@@ -450,7 +467,7 @@ def main() -> None:
             for run_id in sleepers:
                 gpuctl("--node", scraped.address, "stop", run_id, "--force")
             scraped.stop()
-        webhooks_side_by_side(Path(tmp), args.gpus, args.duration)
+        webhooks_side_by_side(Path(tmp), args.gpus, args.duration, args.rounds)
 
 
 if __name__ == "__main__":
