@@ -31,9 +31,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import psutil
 import yaml
@@ -59,6 +57,7 @@ from launch.gpuctl.launching import start as start_run  # noqa: E402
 from launch.spec import load_spec  # noqa: E402
 from tests.support.daemons import RunningDaemon, free_port, gpuctl, start_daemon  # noqa: E402
 from tests.support.probe import Prober  # noqa: E402
+from tests.support.webhooks import Receiver  # noqa: E402
 
 
 def idle_cost(daemon: RunningDaemon, duration: float) -> tuple[float, float, int]:
@@ -215,39 +214,7 @@ def brief_cost(daemon: RunningDaemon, count: int = 2000) -> tuple[float, float, 
     return brief_us, hw_us, len(brief_frames[1]), hw_size
 
 
-class SlowReceiver:
-    """A webhook receiver that answers 200 after `delay_s`, counting what came."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.received = 0
-        lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                time.sleep(delay_s)
-                with lock:
-                    receiver.received += 1
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T0/B0/secret"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def alert_load(tmp: Path, gpus: int, duration: float, receiver: SlowReceiver | None,
+def alert_load(tmp: Path, gpus: int, duration: float, receiver: Receiver | None,
                node: str) -> tuple[float, Prober, int]:  # fmt: skip
     """A daemon with 4 runs and a run that fails launched every second (one `failed` alert
     a second), with webhooks to `receiver` or none: (daemon CPU, the prober's latencies
@@ -304,26 +271,25 @@ def per_alert_cpu_ms(count: int = 300) -> tuple[float, float]:
         cause=FailureCause(kind=CauseKind.USER, summary="ValueError: bad shard 17", rank=1,
                            node="gpu-b", step=40, attempt=2, hint="look at shard 17"),
     )  # fmt: skip
-    receiver = SlowReceiver(0.0)
     loop_s = post_s = 0.0
 
-    def work() -> None:
+    def work(url: str) -> None:
         nonlocal loop_s, post_s
-        http_post(receiver.url, b"{}", 5.0)  # warm-up
+        http_post(url, b"{}", 5.0)  # warm-up
         for _ in range(count):
             began = time.thread_time()
             alert = run_ended(run, "gpu-a", "gpu-a:7711")
             assert alert is not None
             body = render(alert, "slack")
             built = time.thread_time()
-            http_post(receiver.url, body, 5.0)
+            http_post(url, body, 5.0)
             loop_s += built - began
             post_s += time.thread_time() - built
 
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    receiver.close()
+    with Receiver() as receiver:
+        thread = threading.Thread(target=work, args=(receiver.url,))
+        thread.start()
+        thread.join()
     return (loop_s + post_s) * 1000 / count, loop_s * 1000 / count
 
 
@@ -334,11 +300,10 @@ def webhooks_side_by_side(tmp: Path, gpus: int, duration: float, rounds: int = 1
     print(f"webhooks: {gpus} simulated GPUs, 4 runs, one run failing a second (one alert a"
           f" second), {rounds} x {duration:.0f} s each side in turn, node.info asked every"
           " 20 ms meanwhile")  # fmt: skip
-    receiver = SlowReceiver(delay)
     cpu = {False: 0.0, True: 0.0}
     latencies: dict[bool, list[float]] = {False: [], True: []}
     launched = 0
-    try:
+    with Receiver(delay_s=delay) as receiver:
         for n in range(rounds):
             for hooks in (False, True):
                 used, probe, count = alert_load(
@@ -348,10 +313,8 @@ def webhooks_side_by_side(tmp: Path, gpus: int, duration: float, rounds: int = 1
                 latencies[hooks] += probe.latencies
                 launched += count if hooks else 0
         deadline = time.monotonic() + 10
-        while receiver.received < launched and time.monotonic() < deadline:
+        while receiver.count() < launched and time.monotonic() < deadline:
             time.sleep(0.2)
-    finally:
-        receiver.close()
 
     def pct(values: list[float], q: float) -> float:
         ordered = sorted(values)
@@ -367,7 +330,7 @@ def webhooks_side_by_side(tmp: Path, gpus: int, duration: float, rounds: int = 1
     print(f"  webhooks add {(loud - quiet) * 100:+5.2f} % of a core (ratio"
           f" {loud / quiet if quiet else float('nan'):.2f}); p99 ratio"
           f" {pct(latencies[True], 0.99) / pct(latencies[False], 0.99):.2f};"
-          f" {receiver.received} of {launched} alerts received")  # fmt: skip
+          f" {receiver.count()} of {launched} alerts received")  # fmt: skip
     each, on_loop = per_alert_cpu_ms()
     print(f"  one alert: {each:.2f} ms of the daemon's CPU ({on_loop:.2f} ms on its loop, the"
           f" rest on a sender thread): {each / 10:.3f} % of a core at one a second")  # fmt: skip
