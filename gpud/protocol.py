@@ -95,15 +95,21 @@ class Message(BaseModel):
         return self.model_dump(mode="json")
 
 
+def _redact_hook(hook: Any) -> Any:
+    """One `notify:` entry as the audit log keeps it, whatever shape a person gave it."""
+    if isinstance(hook, dict):
+        return {**hook, "url": redact(str(hook["url"]))} if "url" in hook else hook
+    return redact(hook) if isinstance(hook, str) else "…"
+
+
 def _redact_spec(body: dict[str, Any]) -> dict[str, Any]:
-    """A launch or join body with the spec's webhook URLs redacted."""
+    """A launch or join body with the spec's webhook URLs redacted (also in a spec the
+    daemon refuses: the audit log keeps refusals too)."""
     spec = body.get("spec")
-    if isinstance(spec, dict) and isinstance(spec.get("notify"), list):
-        hooks = [
-            {**hook, "url": redact(str(hook.get("url", "")))} if isinstance(hook, dict) else hook
-            for hook in spec["notify"]
-        ]
-        body = {**body, "spec": {**spec, "notify": hooks}}
+    if isinstance(spec, dict) and "notify" in spec:
+        hooks = spec["notify"]
+        shown = [_redact_hook(h) for h in hooks] if isinstance(hooks, list) else _redact_hook(hooks)
+        body = {**body, "spec": {**spec, "notify": shown}}
     return body
 
 

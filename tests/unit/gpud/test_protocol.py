@@ -181,3 +181,12 @@ def test_the_audit_log_sees_webhook_urls_redacted() -> None:
     assert test.audited()["webhook"]["url"] == "https://hooks.slack.com/…"
     assert "s3cr3t" not in json.dumps([launch.audited(), test.audited()])
     assert NotifyTestRequest().audited() == {"webhook": None}
+    # A spec the daemon will refuse is audited too, whatever shape its notify: has.
+    for wrong, shown in (
+        ([secret], ["https://hooks.slack.com/…"]),
+        (secret, "https://hooks.slack.com/…"),
+        ({"url": secret, "formt": "x"}, {"url": "https://hooks.slack.com/…", "formt": "x"}),
+        ([{"format": "slack"}, 42], [{"format": "slack"}, "…"]),
+    ):
+        bad = LaunchRequest(spec={**spec, "notify": wrong}, nodes=launch.nodes)
+        assert bad.audited()["spec"]["notify"] == shown
