@@ -6,12 +6,16 @@ its events, and measures over `--duration` seconds (default 60):
 - CPU seconds per wall second of the daemon process, and its RSS;
 - requests per second on the control socket (node.info, pipelined from a raw DEALER),
   with CurveZMQ, then the same against an `--insecure` daemon, side by side, as a ratio;
-- round-trip latency through the real `Client` class, for context.
+- round-trip latency through the real `Client` class, for context;
+- webhook alerts (issue 23 §4): with 4 runs and one alert a second (a run that fails,
+  launched every second) to a receiver that answers after 2 s, the daemon's CPU and
+  node.info latency beside the same load with no webhooks (`--webhooks-only` runs just this).
 
 Targets (issue 2): under 1% of a core, under 80 MB RSS, at least 5,000 authenticated
 status requests per second.
 
     .venv/bin/python bench/daemon_overhead.py [--duration 60] [--requests 30000]
+    .venv/bin/python bench/daemon_overhead.py --webhooks-only [--duration 60] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import yaml
 import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +52,12 @@ from gpud.protocol import (  # noqa: E402
     hw_topic,
 )
 from gpud.runmodel import HealthSummary  # noqa: E402
+from launch.gpuctl.context import Ctl  # noqa: E402
+from launch.gpuctl.launching import start as start_run  # noqa: E402
+from launch.spec import load_spec  # noqa: E402
 from tests.support.daemons import RunningDaemon, free_port, gpuctl, start_daemon  # noqa: E402
+from tests.support.probe import Prober  # noqa: E402
+from tests.support.webhooks import Receiver  # noqa: E402
 
 
 def idle_cost(daemon: RunningDaemon, duration: float) -> tuple[float, float, int]:
@@ -123,12 +133,13 @@ def latency_ms(daemon: RunningDaemon, count: int = 500) -> float:
     return statistics.median(samples)
 
 
-def launch_sleepers(daemon: RunningDaemon, tmp: Path, count: int) -> list[str]:
-    """`count` runs of one sleeping process each, on 2 GPUs each: runs for /metrics to list."""
+def launch_sleepers(daemon: RunningDaemon, tmp: Path, count: int, gpus: int = 2) -> list[str]:
+    """`count` runs of one sleeping process each, on `gpus` GPUs each: runs for /metrics
+    to list and for the daemon to supervise."""
     script = tmp / "sleeper.py"
     script.write_text("import time\ntime.sleep(3600)\n")
     spec = tmp / "sleeper.yaml"
-    spec.write_text(f"name: sleeper\nlauncher: python\nscript: {script}\ngpus: 2\n")
+    spec.write_text(f"name: sleeper\nlauncher: python\nscript: {script}\ngpus: {gpus}\n")
     ids = []
     for _ in range(count):
         result = gpuctl("--node", daemon.address, "--json", "launch", str(spec))
@@ -203,15 +214,148 @@ def brief_cost(daemon: RunningDaemon, count: int = 2000) -> tuple[float, float, 
     return brief_us, hw_us, len(brief_frames[1]), hw_size
 
 
+def alert_load(tmp: Path, gpus: int, duration: float, receiver: Receiver | None,
+               node: str) -> tuple[float, Prober, int]:  # fmt: skip
+    """A daemon with 4 runs and a run that fails launched every second (one `failed` alert
+    a second), with webhooks to `receiver` or none: (daemon CPU, the prober's latencies
+    of node.info meanwhile, runs launched)."""
+    extra: tuple[str, ...] = ()
+    if receiver is not None:
+        config = tmp / f"{node}.yaml"
+        config.write_text(yaml.safe_dump({"notify": [{"url": receiver.url, "format": "slack"}]}))
+        extra = ("--config", str(config))
+    daemon = start_daemon(tmp, node=node, simulate_gpus=gpus, interval=1.0, extra=extra)
+    sleepers: list[str] = []
+    try:
+        sleepers = launch_sleepers(daemon, tmp, 4, gpus=1)
+        script = tmp / "fails.py"
+        script.write_text("raise SystemExit('bad shard 17')\n")
+        spec_path = tmp / "fails.yaml"
+        spec_path.write_text(f"name: fails\nlauncher: python\nscript: {script}\ngpus: 1\n")
+        spec = load_spec(spec_path)
+        ctl = Ctl(nodes=[daemon.address], json=True, timeout=10.0)
+        target = daemon.target()
+        time.sleep(3.0)
+        proc = psutil.Process(daemon.proc.pid)
+        launched = 0
+        with Prober(daemon) as prober:
+            before = proc.cpu_times()
+            began = time.monotonic()
+            while (elapsed := time.monotonic() - began) < duration:
+                start_run(ctl, spec, [target])
+                launched += 1
+                time.sleep(max(0.0, launched - (time.monotonic() - began)))
+            after = proc.cpu_times()
+        cpu = (after.user + after.system) - (before.user + before.system)
+        return cpu / elapsed, prober, launched
+    finally:
+        for run_id in sleepers:
+            gpuctl("--node", daemon.address, "stop", run_id, "--force")
+        daemon.stop()
+
+
+def per_alert_cpu_ms(count: int = 300) -> tuple[float, float]:
+    """(CPU ms per alert, of which the loop's share): what one `failed` alert costs the
+    daemon's threads: on its loop, the alert from the run record and the Slack body; on a
+    sender thread, the POST to a local receiver (answering at once). Thread CPU time, so
+    the receiver in this process does not count."""
+    from gpud.notify.alerts import run_ended
+    from gpud.notify.payloads import render
+    from gpud.notify.sender import http_post
+    from gpud.runmodel import CauseKind, FailureCause, NodeRef, RunRecord, RunState
+
+    run = RunRecord(
+        id="train-3f9a2c", name="train", created_at=0.0, spec={"name": "train"},
+        nodes=[NodeRef(control="tcp://gpu-a:7711")], node_rank=0, state=RunState.FAILED,
+        state_since=1.0, run_dir="/tmp/r", checkpoint_dir="/tmp/c", attempt=2,
+        cause=FailureCause(kind=CauseKind.USER, summary="ValueError: bad shard 17", rank=1,
+                           node="gpu-b", step=40, attempt=2, hint="look at shard 17"),
+    )  # fmt: skip
+    loop_s = post_s = 0.0
+
+    def work(url: str) -> None:
+        nonlocal loop_s, post_s
+        http_post(url, b"{}", 5.0)  # warm-up
+        for _ in range(count):
+            began = time.thread_time()
+            alert = run_ended(run, "gpu-a", "gpu-a:7711")
+            assert alert is not None
+            body = render(alert, "slack")
+            built = time.thread_time()
+            http_post(url, body, 5.0)
+            loop_s += built - began
+            post_s += time.thread_time() - built
+
+    with Receiver() as receiver:
+        thread = threading.Thread(target=work, args=(receiver.url,))
+        thread.start()
+        thread.join()
+    return (loop_s + post_s) * 1000 / count, loop_s * 1000 / count
+
+
+def webhooks_side_by_side(tmp: Path, gpus: int, duration: float, rounds: int = 1) -> None:
+    """No webhooks, then webhooks, `rounds` times in turn (machine noise hits both alike);
+    the sum of the rounds' CPU and the probes' latencies taken together."""
+    delay = 2.0
+    print(f"webhooks: {gpus} simulated GPUs, 4 runs, one run failing a second (one alert a"
+          f" second), {rounds} x {duration:.0f} s each side in turn, node.info asked every"
+          " 20 ms meanwhile")  # fmt: skip
+    cpu = {False: 0.0, True: 0.0}
+    latencies: dict[bool, list[float]] = {False: [], True: []}
+    launched = 0
+    with Receiver(delay_s=delay) as receiver:
+        for n in range(rounds):
+            for hooks in (False, True):
+                used, probe, count = alert_load(
+                    tmp, gpus, duration, receiver if hooks else None, f"r{n}-{int(hooks)}"
+                )
+                cpu[hooks] += used / rounds
+                latencies[hooks] += probe.latencies
+                launched += count if hooks else 0
+        deadline = time.monotonic() + 10
+        while receiver.count() < launched and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def pct(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else 0.0
+
+    labels = {False: "no webhooks", True: f"Slack webhook, answers after {delay:g} s"}
+    for hooks, label in labels.items():
+        print(f"  {label:38} daemon CPU {cpu[hooks] * 100:5.2f} % of a core;"
+              f" node.info median {pct(latencies[hooks], 0.5):5.2f} ms,"
+              f" p99 {pct(latencies[hooks], 0.99):6.2f} ms,"
+              f" slowest {pct(latencies[hooks], 1.0):4.0f} ms")  # fmt: skip
+    quiet, loud = cpu[False], cpu[True]
+    print(f"  webhooks add {(loud - quiet) * 100:+5.2f} % of a core (ratio"
+          f" {loud / quiet if quiet else float('nan'):.2f}); p99 ratio"
+          f" {pct(latencies[True], 0.99) / pct(latencies[False], 0.99):.2f};"
+          f" {receiver.count()} of {launched} alerts received")  # fmt: skip
+    each, on_loop = per_alert_cpu_ms()
+    print(f"  one alert: {each:.2f} ms of the daemon's CPU ({on_loop:.2f} ms on its loop, the"
+          f" rest on a sender thread): {each / 10:.3f} % of a core at one a second")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=60.0, help="idle window, seconds")
     parser.add_argument("--requests", type=int, default=30_000, help="requests per run")
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--webhooks-only", action="store_true", help="only the webhook scenario (issue 23 §4)"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="webhook scenario: rounds")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gpud-bench-") as tmp:
         os.environ["GPUD_CONFIG_DIR"] = str(Path(tmp) / "config")
+        if args.webhooks_only:
+            print(
+                f"machine: {platform.node()}, {os.cpu_count()} cores, "
+                f"Python {platform.python_version()}"
+            )
+            webhooks_side_by_side(Path(tmp), args.gpus, args.duration, args.rounds)
+            return
         secure = start_daemon(Path(tmp), node="secure", simulate_gpus=args.gpus, interval=1.0)
         insecure = start_daemon(
             Path(tmp),
@@ -286,6 +430,7 @@ def main() -> None:
             for run_id in sleepers:
                 gpuctl("--node", scraped.address, "stop", run_id, "--force")
             scraped.stop()
+        webhooks_side_by_side(Path(tmp), args.gpus, args.duration, args.rounds)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,13 @@ from click.core import ParameterSource
 from gpud import __version__, shutdown
 from gpud.daemon import EXIT_FAILURE, EXIT_USAGE, serve
 from gpud.frontend import run_click, state_dir_option
-from gpud.settings import SERVE_CONFIG_ENV, SettingsError, build_settings, load_config_file
+from gpud.settings import (
+    SERVE_CONFIG_ENV,
+    SettingsError,
+    build_settings,
+    load_config_file,
+    readable_secrets,
+)
 from gpud.statedir import StateDir, held_by
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -145,6 +151,9 @@ def serve_command(ctx: click.Context, /, config_file: Path | None, **flags: Any)
         _fail(str(exc), EXIT_USAGE)
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("gpud.zap").setLevel(logging.WARNING)
+    exposed = readable_secrets(config_file, settings)
+    if exposed is not None:
+        _warn(exposed)
     sys.exit(serve(settings))
 
 

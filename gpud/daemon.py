@@ -61,6 +61,7 @@ from gpud.keys import (
 )
 from gpud.known_nodes import KnownNode, remember_node
 from gpud.kube.pods import KubePods, on_kubernetes
+from gpud.notify.service import Notifier
 from gpud.prometheus import endpoint as metrics_endpoint
 from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
 from gpud.protocol import (
@@ -70,6 +71,7 @@ from gpud.protocol import (
     NODE_HW,
     NODE_INFO,
     NODE_UNDRAIN,
+    NOTIFY_TEST,
     PART_HEALTH,
     PART_RELEASE,
     PART_RESERVE,
@@ -94,6 +96,8 @@ from gpud.protocol import (
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
+    NotifyTestReply,
+    NotifyTestRequest,
     Role,
     UndrainRequest,
     hw_topic,
@@ -183,6 +187,7 @@ class Daemon:
         self._process = DaemonProcess()
         self._control: ControlServer | None = None
         self._healing: Healing | None = None
+        self._notify: Notifier | None = None
 
     # ------------------------------------------------------------------ start-up
 
@@ -280,6 +285,11 @@ class Daemon:
             Holds(self._store, s.node_name, self._clock), self._supervisor,
             self._snapshot, self._replace_latest, self._emit_node_events,
         )  # fmt: skip
+        self._notify = Notifier(
+            list(s.notify), s.node_name, _peer_endpoint(s.control).removeprefix("tcp://"),
+            clock=self._clock,
+        )  # fmt: skip
+        self._notify.attach(self._supervisor)
         self._latest, quarantined = self._healing.observe(self._latest)
         self._emit_node_events(quarantined)
         self.registry()  # every method has its handler, or the daemon does not start
@@ -442,6 +452,7 @@ class Daemon:
             bind(NODE_EVENTS_ACK, self._ack_events),
             bind(NODE_DRAIN, self._drain),
             bind(NODE_UNDRAIN, self._undrain),
+            bind(NOTIFY_TEST, self._notify_test),
             bind(RUN_LAUNCH, sup.launch),
             bind(RUN_JOIN, sup.join),
             bind(RUN_STOP, sup.stop),
@@ -487,6 +498,10 @@ class Daemon:
     def _undrain(self, body: UndrainRequest, caller: Caller) -> DrainReply:
         assert self._healing is not None
         return self._healing.undrain(body, caller)
+
+    async def _notify_test(self, body: NotifyTestRequest, caller: Caller) -> NotifyTestReply:
+        assert self._notify is not None
+        return await self._notify.test(body, caller)
 
     def _node_hw(self, body: Empty, caller: Caller) -> NodeSnapshot:
         assert self._latest is not None
@@ -541,6 +556,8 @@ class Daemon:
         for event in events:
             log.warning("%s: %s", event.kind, event.message)
             self._publisher.publish(topic, event)
+        if self._notify is not None:
+            self._notify.node_events(events)
 
     def _publish_brief(self, topic: str, snapshot: NodeSnapshot) -> None:
         """The node in brief (`gpud.brief`), for views of many nodes."""
@@ -632,6 +649,7 @@ class Daemon:
             rss_bytes=rss,
             clients=sum(len(g.connections) for g in self._guards),
             requests=dict(control.served_by) if control is not None else {},
+            notify=self._notify.sender.snapshot() if self._notify is not None else {},
         )
 
     def request_stop(self, sig: int | None = None) -> None:
@@ -643,6 +661,9 @@ class Daemon:
 
     def close(self) -> None:
         """Close sockets, stop threads, flush and release the state dir. Idempotent."""
+        if self._notify is not None:
+            self._notify.close()  # what is due goes out first (2 s at most)
+            self._notify = None
         if self._ingest is not None:
             self._ingest.close()
             self._ingest = None

@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
+from gpud.notify.targets import Format, Webhook, redact
 from gpud.runmodel import (
     Attachment,
     AttemptRecord,
@@ -87,6 +88,29 @@ class Message(BaseModel):
     """Base of every request body: strict, so a typo fails loudly."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    def audited(self) -> dict[str, Any]:
+        """The body as the audit log keeps it: what holds a secret (a webhook URL) is
+        shown as `redact` shows it."""
+        return self.model_dump(mode="json")
+
+
+def _redact_hook(hook: Any) -> Any:
+    """One `notify:` entry as the audit log keeps it, whatever shape a person gave it."""
+    if isinstance(hook, dict):
+        return {**hook, "url": redact(str(hook["url"]))} if "url" in hook else hook
+    return redact(hook) if isinstance(hook, str) else "…"
+
+
+def _redact_spec(body: dict[str, Any]) -> dict[str, Any]:
+    """A launch or join body with the spec's webhook URLs redacted (also in a spec the
+    daemon refuses: the audit log keeps refusals too)."""
+    spec = body.get("spec")
+    if isinstance(spec, dict) and "notify" in spec:
+        hooks = spec["notify"]
+        shown = [_redact_hook(h) for h in hooks] if isinstance(hooks, list) else _redact_hook(hooks)
+        body = {**body, "spec": {**spec, "notify": shown}}
+    return body
 
 
 class Request(Message):
@@ -191,6 +215,34 @@ class DrainReply(Reading):
     notes: list[str] = Field(default_factory=list)
 
 
+class NotifyTestRequest(Message):
+    """Send a test alert to this webhook, or (omitted) to every webhook the daemon has."""
+
+    webhook: Webhook | None = None
+
+    def audited(self) -> dict[str, Any]:
+        body = super().audited()
+        if self.webhook is not None:
+            body["webhook"] = {**body["webhook"], "url": self.webhook.shown}
+        return body
+
+
+class WebhookAnswer(Reading):
+    """What one webhook answered a test alert."""
+
+    target: str = Field(description="the URL as logs show it: scheme://host/…")
+    format: Format
+    ok: bool
+    status: int | None = Field(None, description="the HTTP status, when one came")
+    error: str | None = None
+    elapsed_s: float
+
+
+class NotifyTestReply(Reading):
+    node: str
+    answers: list[WebhookAnswer]
+
+
 # --------------------------------------------------------------------------- runs
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
@@ -212,6 +264,9 @@ class LaunchRequest(Message):
     dry_run: bool = False
     queue: bool = Field(False, description="wait in the queue when the GPUs are busy")
 
+    def audited(self) -> dict[str, Any]:
+        return _redact_spec(super().audited())
+
 
 class JoinRequest(Message):
     """gpuctl → node N: start this node's part of a run node 0 created."""
@@ -230,6 +285,9 @@ class JoinRequest(Message):
     standby: bool = Field(
         False, description="a spare (elastic.spares): join, and start nothing until node 0 asks"
     )
+
+    def audited(self) -> dict[str, Any]:
+        return _redact_spec(super().audited())
 
 
 class PartStartRequest(Message):
@@ -529,6 +587,13 @@ NODE_DRAIN = Method(
     "node.drain", DrainRequest, DrainReply, Role.OPERATOR, "no new work on the node or GPUs"
 )
 NODE_UNDRAIN = Method("node.undrain", UndrainRequest, DrainReply, Role.OPERATOR, "new work again")
+NOTIFY_TEST = Method(
+    "node.notify.test",
+    NotifyTestRequest,
+    NotifyTestReply,
+    Role.OPERATOR,
+    "send a test alert to the webhooks and say what each answered",
+)
 RUN_LAUNCH = Method("run.launch", LaunchRequest, LaunchReply, Role.OPERATOR, "create, start a run")
 RUN_JOIN = Method("run.join", JoinRequest, JoinReply, Role.OPERATOR, "start this node's part")
 RUN_STOP = Method("run.stop", StopRequest, RunSummary, Role.OPERATOR, "stop a run")
@@ -562,6 +627,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         NODE_EVENTS_ACK,
         NODE_DRAIN,
         NODE_UNDRAIN,
+        NOTIFY_TEST,
         RUN_LAUNCH,
         RUN_JOIN,
         RUN_STOP,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpud.endpoints import AddressError, is_loopback, parse_endpoint
 from gpud.kube.podresources import DEFAULT_SOCKET
+from gpud.notify.targets import Webhook
 from gpud.paths import config_dir, default_state_dir
 from gpud.protocol import describe_validation_error
 
@@ -81,6 +82,12 @@ class ServeSettings(BaseModel):
         le=1_000_000.0,
         description="the audit log and its rotated files (audit.log.1..3) hold at most this"
         " many MiB together; the oldest records go first",
+    )
+    notify: list[Webhook] = Field(
+        default_factory=list,
+        max_length=32,
+        description="webhooks that get alerts (a run failed, stalled or hung; a GPU"
+        " quarantined): url, format (json, slack, discord), events; config file only",
     )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")
@@ -195,6 +202,24 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SettingsError(f"config file {path} must be a mapping of setting: value")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def readable_secrets(path: Path | None, settings: ServeSettings) -> str | None:
+    """A warning when the config file holds webhook URLs (secrets) and users other than its
+    owner may read it; None when all is well."""
+    path = path or config_dir() / DEFAULT_CONFIG_NAME
+    if not settings.notify:
+        return None
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return (
+        f"{path} holds webhook URLs, which are secrets, and others may read it"
+        f" (mode {mode & 0o777:o}): chmod 600 {path}"
+    )
 
 
 def build_settings(values: dict[str, Any], source: str = "settings") -> ServeSettings:

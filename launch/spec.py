@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpud.endpoints import AddressError, parse_endpoint
+from gpud.notify.targets import Webhook
 from gpud.patterns.engine import MAX_PATTERN_CHARS, PatternError, compile_pattern
 from gpud.runmodel import DEFAULT_RESTART_ON, CauseKind
 
@@ -388,6 +389,12 @@ class RunSpec(SpecModel):
     )
     nccl: NcclSettings = Field(default_factory=NcclSettings)
     wandb: WandbSettings | None = None
+    notify: list[Webhook] = Field(
+        default_factory=list,
+        max_length=16,
+        description="webhooks for this run's alerts (failed, stalled, hang, quarantine;"
+        " succeeded if asked), besides the daemons' own; each URL is a secret",
+    )
     slurm: SlurmSettings | None = Field(
         None, description="submit to Slurm instead of gpud's nodes (`gpuctl launch --slurm`)"
     )

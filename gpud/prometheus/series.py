@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from gpud.notify.targets import DELIVERY_RESULTS
 from gpud.protocol import RunSummary
 from gpud.runmodel import (
     SAMPLES_PER_S_NAMES,
@@ -271,6 +272,8 @@ class DaemonStats:
     rss_bytes: int
     clients: int
     requests: dict[str, int]
+    #: Alerts handed to the webhook sender, by what became of them (gpud.notify).
+    notify: dict[str, int] = field(default_factory=dict)
 
 
 def gpu_families(
@@ -477,3 +480,12 @@ def host_families(host: HostSample, daemon: DaemonStats) -> Iterator[Metric]:
     for method, count in sorted(daemon.requests.items()):
         served.add_metric([method], float(count))
     yield served
+    # Every result from the start, 0 or not, so an alert on failures sees the series early.
+    deliveries = CounterMetricFamily(
+        "gpud_notify_deliveries",
+        "Webhook alerts: sent, failed (given up), dropped (too many waiting), retried.",
+        labels=["result"],
+    )
+    for result in DELIVERY_RESULTS:
+        deliveries.add_metric([result], float(daemon.notify.get(result, 0)))
+    yield deliveries

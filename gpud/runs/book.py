@@ -76,6 +76,8 @@ class RunBook:
         self._parts: dict[str, Part] = {}  # run id → this node's part of its latest attempt
         #: Called after a run's state became terminal (the final health, for one).
         self.on_ended: list[Callable[[RunRecord], None]] = []
+        #: Called after every move, with the run as it is now (alerts: gpud.notify).
+        self.on_moved: list[Callable[[RunRecord], None]] = []
 
     # ------------------------------------------------------------------ reading
 
@@ -173,12 +175,17 @@ class RunBook:
         if state.terminal:
             if run.is_coordinator:
                 self.store.release_ports(run.id)
-            for hook in self.on_ended:
-                try:
-                    hook(run)
-                except Exception:  # a view of the end must never undo the end
-                    log.exception("run %s: an end hook failed", run.id)
+            self._call(self.on_ended, run)
+        self._call(self.on_moved, run)
         return run
+
+    @staticmethod
+    def _call(hooks: list[Callable[[RunRecord], None]], run: RunRecord) -> None:
+        for hook in hooks:
+            try:
+                hook(run)
+            except Exception:  # a view of the move must never undo the move
+                log.exception("run %s: a hook on its move to %s failed", run.id, run.state.value)
 
     def cancel_queued(self, run_id: str, reason: str) -> RunRecord:
         """A queued run is stopped before it started: it leaves the queue as `stopped`."""

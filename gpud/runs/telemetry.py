@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import statistics
 from collections import deque
@@ -43,6 +44,8 @@ from launch.spec import RunSpec, parse_spec
 if TYPE_CHECKING:
     from gpud.runs.book import RunBook
     from gpud.runs.part import Part
+
+log = logging.getLogger("gpud.runs")
 
 HEALTH_EVERY_S = 1.0
 DUMPS_EVERY_S = 2.0
@@ -92,6 +95,9 @@ class Telemetry:
         self.runs: dict[str, _RunTelemetry] = {}
         self.peer_health: dict[str, dict[int, PartHealth]] = {}
         self.health: dict[str, HealthSummary] = {}
+        #: Called with each health summary node 0 makes of a running run (about once a
+        #: second): gpud.notify's stall alerts.
+        self.on_health: list[Callable[[RunRecord, HealthSummary], None]] = []
 
     def _of(self, run_id: str, attempt: int) -> _RunTelemetry:
         current = self.runs.get(run_id)
@@ -271,6 +277,11 @@ class Telemetry:
                 summary = self.assess(run, part)
                 self.health[run_id] = summary
                 self.book.publish(run_topic(run_id, "health"), summary)
+                for hook in self.on_health:
+                    try:
+                        hook(run, summary)
+                    except Exception:  # an alert about the health must not stop the tick
+                        log.exception("run %s: a health hook failed", run_id)
 
     def set_peer_health(self, run_id: str, healths: dict[int, PartHealth]) -> None:
         """The other nodes' ranks, as node 0's gang last polled them."""

@@ -31,6 +31,7 @@ VERBS = {
     "hw": "launch.gpuctl.hw:hw_command",
     "drain": "launch.gpuctl.drain:drain_command",
     "undrain": "launch.gpuctl.drain:undrain_command",
+    "notify": "launch.gpuctl.notify:notify_group",
     "keys": "launch.gpuctl.keys:keys_group",
     "completion": "launch.gpuctl.completion:completion_command",
 }

@@ -106,8 +106,10 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
     assert third.run.members == [0, 1, 2] and third.attempts[-1].grad_accum == 2
     until(
         "attempt 3 training on three nodes",
-        lambda: (s := status(nodes[0], run_id)).run.state is RunState.RUNNING
-        and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 5,
+        lambda: (
+            (s := status(nodes[0], run_id)).run.state is RunState.RUNNING
+            and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 5
+        ),
         timeout=120,
     )
     stopped = gpuctl("--node", nodes[0].address, "stop", run_id, timeout=120)

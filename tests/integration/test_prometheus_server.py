@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 
 from gpud.prometheus.series import FIELDS
-from tests.support.daemons import RunningDaemon, free_port
+from tests.support.alert_rules import NOT_YET_EXPORTED, RULES, rules
+from tests.support.daemons import RunningDaemon, free_port, gpuctl
 from tests.support.dcgm_exporter import dcgm_types
-from tests.support.runs import FAST, force_stop, launch, wait_for_step
+from tests.support.runs import FAST, force_stop, launch, script_spec, wait_for, wait_for_step
+from tests.support.waiting import until
 
 DASHBOARD = Path(__file__).parents[2] / "config" / "grafana" / "gpud.json"
 #: What issues 11 and 24 ask the dashboard to show: the fleet, errors, runs.
@@ -52,6 +54,12 @@ class Prometheus:
         assert body["status"] == "success", body
         return list(body["data"]["result"])
 
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as reply:
+            body = json.loads(reply.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
     def metadata(self) -> dict[str, str]:
         """Each metric's type as Prometheus read it from the scrapes."""
         with urllib.request.urlopen(f"{self.url}/api/v1/metadata", timeout=10) as reply:
@@ -79,15 +87,16 @@ class Prometheus:
 
 
 @pytest.fixture
-def prometheus_for(tmp_path: Path) -> Iterator[Callable[[int], Prometheus]]:
+def prometheus_for(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(target_port: int) -> Prometheus:
+    def start(target_port: int, rules: Path | None = None) -> Prometheus:
         assert PROMETHEUS is not None
         config = tmp_path / "prometheus.yml"
         config.write_text(
-            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-            "scrape_configs:\n"
+            "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+            + (f"rule_files: ['{rules}']\n" if rules is not None else "")
+            + "scrape_configs:\n"
             "  - job_name: gpud\n"
             f"    static_configs: [{{targets: ['127.0.0.1:{target_port}']}}]\n"
         )
@@ -257,3 +266,61 @@ def test_the_dashboards_gpu_panels_find_data_in_a_real_h100s_series(
     # The run on that GPU is named on its series, as on simulated ones.
     ranked = prometheus.query('DCGM_FI_DEV_FB_USED{run!=""}')
     assert [(s["metric"]["gpu"], s["metric"]["rank"]) for s in ranked] == [("0", "0")]
+
+
+def test_the_alert_rules_fire_on_a_real_daemons_series(
+    tmp_path: Path, daemons: Daemons, prometheus_for: Callable[..., Prometheus]
+) -> None:
+    """A run fails and a GPU gets XID 79 (quarantined) on a real daemon: a real Prometheus
+    with gpud's rules fires GpudRunFailed, GpudGpuQuarantined and GpuXidError; every rule
+    evaluates without error, and every series the rules read is in its database (but
+    those of later releases: goodput, the state dir's bound)."""
+    port = free_port()
+    xids = tmp_path / "xids"
+    daemon = daemons(simulate_gpus=4, extra=("--metrics", f"127.0.0.1:{port}",
+                                             "--simulate-xid-file", str(xids)))  # fmt: skip
+    # A training run (its ranks' series: straggler, stalled) beside the one that fails.
+    training = launch(daemon, FAST, "training.max_steps=100000", "gpus=[2, 3]")
+    try:
+        wait_for_step(daemon, training, 3)
+        prometheus = prometheus_for(port, rules=RULES)
+        prometheus.wait_for('DCGM_FI_DEV_XID_ERRORS{gpu="1"} == 0', 1)
+        time.sleep(2)  # a few evaluations that saw GPU 1 without an XID
+        spec = script_spec(tmp_path, "raise ValueError('bad shard 17')\n", name="fails")
+        launched = gpuctl("--node", daemon.address, "--json", "launch", str(spec))
+        assert launched.returncode == 0, launched.stderr
+        run_id = json.loads(launched.stdout)["run"]["id"]
+        wait_for(daemon, run_id, {"failed"}, timeout=60)
+        xids.write_text("1:79\n")
+        _rules_fire(prometheus, run_id)
+    finally:
+        force_stop(daemon, training)
+
+
+def _rules_fire(prometheus: Prometheus, run_id: str) -> None:
+    def firing() -> dict[str, list[dict[str, str]]]:
+        found: dict[str, list[dict[str, str]]] = {}
+        for alert in prometheus.get("/api/v1/alerts")["alerts"]:
+            if alert["state"] == "firing":
+                found.setdefault(alert["labels"]["alertname"], []).append(alert["labels"])
+        return found
+
+    wanted = {"GpudRunFailed", "GpudGpuQuarantined", "GpuXidError"}
+    alerts = until("the alerts fire", lambda: wanted <= set(f := firing()) and f, timeout=60)
+    assert [(a["run"], a["name"]) for a in alerts["GpudRunFailed"]] == [(run_id, "fails")]
+    (quarantined,) = alerts["GpudGpuQuarantined"]
+    assert quarantined["gpu"] == "1" and "XID 79" in quarantined["reason"]
+    assert [a["gpu"] for a in alerts["GpuXidError"]] == ["1"]
+    assert not set(alerts) - wanted, alerts  # nothing else: the daemon is up, all is well
+
+    groups = prometheus.get("/api/v1/rules")["groups"]
+    health = {r["name"]: (r["health"], r.get("lastError")) for g in groups for r in g["rules"]}
+    assert len(health) == len(rules())
+    assert all(state == "ok" for state, _ in health.values()), health
+    names = set(prometheus.label_values("__name__", '{job="gpud"}'))
+    read = {
+        name
+        for rule in rules()
+        for name in re.findall(r"\b(gpud_\w+|DCGM_\w+)\b", str(rule["expr"]))
+    }
+    assert read - NOT_YET_EXPORTED <= names, read - NOT_YET_EXPORTED - names

@@ -48,6 +48,8 @@ IO_PROJECT_MODULES = (
     "gpud.keys",
     "gpud.kube",
     "gpud.known_nodes",
+    "gpud.notify.sender",
+    "gpud.notify.service",
     "gpud.paths",
     "gpud.publisher",
     "gpud.runs",
@@ -102,6 +104,12 @@ CONTRACTS = [
         covers=("gpud.scaling",),
         forbidden=IO_LIBRARIES + IO_PROJECT_MODULES,
         static_only=("socket", "subprocess"),
+    ),
+    Contract(
+        "webhook config, alerts and payloads do no I/O",
+        covers=("gpud.notify.targets", "gpud.notify.alerts", "gpud.notify.payloads"),
+        forbidden=IO_LIBRARIES + IO_PROJECT_MODULES + ("urllib.request", "http"),
+        static_only=("socket", "subprocess", "urllib.request", "http"),
     ),
     Contract(
         "gpud never imports the front ends",

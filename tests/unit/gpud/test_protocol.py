@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gpud.notify.targets import Webhook
 from gpud.protocol import (
     METHODS,
     NODE_EVENTS,
@@ -13,7 +14,10 @@ from gpud.protocol import (
     AckEventsRequest,
     Empty,
     ErrorCode,
+    LaunchRequest,
     NodeEventsRequest,
+    NodeRefIn,
+    NotifyTestRequest,
     ProtocolError,
     Role,
     decode_event,
@@ -114,6 +118,7 @@ def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
         "node.events.ack",
         "node.drain",
         "node.undrain",
+        "node.notify.test",
         "run.launch",
         "run.join",
         "run.stop",
@@ -163,3 +168,25 @@ def test_event_frames_must_agree() -> None:
         decode_event([b"hw.b", frames[1]])
     with pytest.raises(ValueError, match="2 frames"):
         decode_event(frames[:1])
+
+
+def test_the_audit_log_sees_webhook_urls_redacted() -> None:
+    secret = "https://hooks.slack.com/services/T0/B0/s3cr3t"
+    spec = {"name": "t", "script": "t.py", "notify": [{"url": secret, "format": "slack"}]}
+    launch = LaunchRequest(spec=spec, nodes=[NodeRefIn(control="tcp://127.0.0.1:7711")])
+    audited = launch.audited()
+    assert audited["spec"]["notify"] == [{"url": "https://hooks.slack.com/…", "format": "slack"}]
+    assert audited["spec"]["script"] == "t.py" and launch.spec["notify"][0]["url"] == secret
+    test = NotifyTestRequest(webhook=Webhook(url=secret))
+    assert test.audited()["webhook"]["url"] == "https://hooks.slack.com/…"
+    assert "s3cr3t" not in json.dumps([launch.audited(), test.audited()])
+    assert NotifyTestRequest().audited() == {"webhook": None}
+    # A spec the daemon will refuse is audited too, whatever shape its notify: has.
+    for wrong, shown in (
+        ([secret], ["https://hooks.slack.com/…"]),
+        (secret, "https://hooks.slack.com/…"),
+        ({"url": secret, "formt": "x"}, {"url": "https://hooks.slack.com/…", "formt": "x"}),
+        ([{"format": "slack"}, 42], [{"format": "slack"}, "…"]),
+    ):
+        bad = LaunchRequest(spec={**spec, "notify": wrong}, nodes=launch.nodes)
+        assert bad.audited()["spec"]["notify"] == shown

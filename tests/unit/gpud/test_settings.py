@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.settings import SettingsError, build_settings, load_config_file
+from gpud.settings import SettingsError, build_settings, load_config_file, readable_secrets
 
 
 def test_defaults_are_loopback_and_secure(tmp_path: Path) -> None:
@@ -62,3 +62,52 @@ def test_config_file_must_be_a_mapping(tmp_path: Path) -> None:
     path.write_text("- a\n- b\n")
     with pytest.raises(SettingsError, match="mapping"):
         load_config_file(path)
+
+
+def test_webhooks_come_from_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "gpud.yaml"
+    path.write_text(
+        "notify:\n"
+        "  - url: https://hooks.slack.com/services/T0/B0/s3cr3t\n"
+        "    format: slack\n"
+        "  - url: http://alerts.internal:8080/gpud\n"
+        "    events: [failed, succeeded]\n"
+        "    stalled_after_s: 600\n"
+    )
+    s = build_settings({**load_config_file(path), "state_dir": tmp_path})
+    slack, plain = s.notify
+    assert (slack.format, slack.shown) == ("slack", "https://hooks.slack.com/…")
+    assert [e.value for e in plain.events] == ["failed", "succeeded"]
+    assert plain.stalled_after_s == 600 and plain.format == "json"
+    assert "s3cr3t" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("hook", "said"),
+    [
+        ({"url": "ftp://x/s3cr3t"}, "notify.0.url: Value error, expected an http:// or https://"),
+        ({"url": "https://x/s3cr3t", "format": "teams"}, "notify.0.format"),
+        ({"url": "https://x/s3cr3t", "events": ["exploded"]}, "notify.0.events.0"),
+        ({"url": "https://x/s3cr3t", "formt": "slack"}, "notify.0.formt"),
+    ],
+)
+def test_a_bad_webhook_is_one_line_without_its_url(hook: dict[str, object], said: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        build_settings({"notify": [hook]})
+    assert said in str(err.value) and "s3cr3t" not in str(err.value)
+
+
+def test_a_config_file_with_webhooks_others_can_read_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "gpud.yaml"
+    path.write_text("notify: [{url: 'https://hooks.slack.com/services/T0/B0/s3cr3t'}]\n")
+    settings = build_settings(load_config_file(path))
+    path.chmod(0o644)
+    said = readable_secrets(path, settings)
+    assert said == (
+        f"{path} holds webhook URLs, which are secrets, and others may read it (mode 644):"
+        f" chmod 600 {path}"
+    )
+    path.chmod(0o600)
+    assert readable_secrets(path, settings) is None
+    path.chmod(0o644)
+    assert readable_secrets(path, build_settings({})) is None  # no webhooks in it

@@ -131,6 +131,8 @@ BAD_CONFIGS = [
     ("nccl:\n  debug: LOUD\n", "nccl.debug"),
     ("name: 'has space'\n", "name: String should match pattern"),
     ("args: --fast\n", "args: Input should be a valid list"),
+    ("notify:\n  - url: ftp://x/y\n", "notify.0.url: expected an http:// or https:// URL"),
+    ("notify:\n  - url: https://x/y\n    formt: slack\n", "notify.0.formt: unknown key"),
 ]
 
 
