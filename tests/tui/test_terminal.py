@@ -45,6 +45,15 @@ class Terminal:
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "t")
 
+    def alive(self) -> bool:
+        """Whether the pane's program still runs: tmux ends the session, and the server with
+        it, once the program exits."""
+        assert TMUX is not None
+        result = subprocess.run(
+            [TMUX, "-L", self.socket, "has-session", "-t", "t"], capture_output=True, timeout=30
+        )
+        return result.returncode == 0
+
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "t", *keys)
 
@@ -111,8 +120,9 @@ def test_gputop_in_a_real_terminal_shows_the_fleet_and_a_run_and_stops_and_resum
         terminal.wait_for("Fleet", "node0")
         terminal.keys("q")
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and "gputop" in terminal.screen():
+        while time.monotonic() < deadline and terminal.alive():
             time.sleep(0.2)
+        assert not terminal.alive(), f"gputop still runs after q:\n{terminal.screen()}"
     finally:
         with_client_stop(daemon, run_id)
 
