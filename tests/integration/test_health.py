@@ -152,9 +152,18 @@ def test_a_slowed_rank_is_a_straggler(daemon: RunningDaemon) -> None:
         "training.max_steps=100000",
         "env={GPUD_TEST_SLOW_RANK: '1', GPUD_TEST_SLOW_S: '0.05'}",
     )
-    seen = _health_events(daemon, run_id, lambda h: h.straggler is not None)
+    # Named within a few seconds of both ranks training: a verdict needs the rank to be the
+    # slowest in 7 of the last 10 s (stragglers.py), so about 7 s, not a minute.
+    _health_events(
+        daemon,
+        run_id,
+        lambda h: len(h.ranks) == 2 and all((r.last_step or 0) >= 1 for r in h.ranks),
+    )
+    started = time.monotonic()
+    seen = _health_events(daemon, run_id, lambda h: h.straggler is not None, timeout=20)
+    named_after = time.monotonic() - started
     health = seen[-1]
-    assert health.straggler is not None and health.straggler.rank == 1
+    assert health.straggler is not None and health.straggler.rank == 1, named_after
     assert health.straggler.ratio >= 1.3
     assert health.verdict == "degraded" and health.ranks[1].straggler
     assert gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60).returncode == 0
