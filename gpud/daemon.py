@@ -65,6 +65,7 @@ from gpud.notify.service import Notifier
 from gpud.prometheus import endpoint as metrics_endpoint
 from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
 from gpud.protocol import (
+    GANG_STATUS,
     NODE_DRAIN,
     NODE_EVENTS,
     NODE_EVENTS_ACK,
@@ -467,6 +468,7 @@ class Daemon:
             bind(PART_RELEASE, sup.part_release),
             bind(PART_STOP, sup.part_stop),
             bind(PART_STATUS, sup.part_status),
+            bind(GANG_STATUS, sup.gang_status),
             bind(PART_HEALTH, queries.part_health),
         ]
 

@@ -344,6 +344,20 @@ class PartStatusRequest(Message):
     run_id: str = Field(pattern=RUN_ID_PATTERN)
 
 
+class GangStatus(Reading):
+    """node 0's answer to one of the run's other nodes (`run.gang.status`): where node 0
+    has the run, and the stop it wants of the other parts, if any. A node that was frozen
+    or cut off while node 0 stopped the run learns from it to stop its part itself."""
+
+    run_id: str
+    state: RunState
+    attempt: int
+    reason: str | None = None
+    stop: PartStopRequest | None = Field(
+        None, description="what node 0 asked of the other parts of this attempt"
+    )
+
+
 class RunRef(Message):
     """A run by id or by name (the newest run of that name)."""
 
@@ -617,6 +631,9 @@ PART_RELEASE = Method(
 )
 PART_STOP = Method("run.part.stop", PartStopRequest, AttemptRecord, Role.PEER, "coordinator")
 PART_STATUS = Method("run.part.status", PartStatusRequest, AttemptRecord, Role.PEER, "coordinator")
+GANG_STATUS = Method(
+    "run.gang.status", PartStatusRequest, GangStatus, Role.PEER, "node N: the run as node 0 has it"
+)
 
 METHODS: dict[str, Method[Any, Any]] = {
     m.name: m
@@ -643,6 +660,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         PART_RELEASE,
         PART_STOP,
         PART_STATUS,
+        GANG_STATUS,
     )
 }
 

@@ -58,6 +58,17 @@ def check_coordinator(run: RunRecord, caller: Caller) -> None:
         )
 
 
+def check_member(run: RunRecord, caller: Caller) -> None:
+    """A peer may ask node 0 about a run only if it is one of that run's other nodes;
+    ProtocolError forbidden."""
+    if caller.role is Role.PEER and (
+        not run.is_coordinator or caller.key not in {n.server_key for n in run.nodes[1:]}
+    ):
+        raise ProtocolError(
+            ErrorCode.FORBIDDEN, f"your key is not a node of run {run.id} on this node"
+        )
+
+
 class RunBook:
     def __init__(
         self,

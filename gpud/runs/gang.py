@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from gpud.client import ClientError, RequestFailed, Unreachable
 from gpud.keys import KeyPair
 from gpud.protocol import (
+    GANG_STATUS,
     PART_HEALTH,
     PART_RELEASE,
     PART_RESERVE,
@@ -38,6 +39,7 @@ from gpud.protocol import (
     PART_STATUS,
     PART_STOP,
     ErrorCode,
+    GangStatus,
     Method,
     PartHealth,
     PartReleaseRequest,
@@ -61,6 +63,7 @@ from gpud.runmodel import (
 from gpud.runs import elastic
 from gpud.runs.book import RunBook
 from gpud.runs.checkpoints import ResumePoint, find_checkpoint
+from gpud.runs.coordinator_watch import CoordinatorWatch, stop_for
 from gpud.runs.decide import GangDecision, RestartPolicy, decide
 from gpud.runs.gpus import Gpu
 from gpud.runs.peer_stops import RETRY_S, PeerStops
@@ -122,6 +125,10 @@ class LocalParts(Protocol):
         dump: bool = False,
     ) -> None: ...
 
+    def obey_stop(self, run: RunRecord, req: PartStopRequest) -> None:
+        """Stop this node's part as node 0 asked."""
+        ...
+
 
 HealthSink = Callable[[str, dict[int, PartHealth]], None]
 
@@ -158,9 +165,10 @@ class Gang:
         self._busy: dict[str, asyncio.Task[None]] = {}  # run id → its poll or restart
         self._orphans: dict[str, tuple[float, set[int]]] = {}  # run → (ended at, lost ranks)
         self._orphan_poll = 0.0
-        self._errands: set[asyncio.Task[list[int]]] = set()
+        self._errands: set[asyncio.Task[Any]] = set()
         self._queue_tried: dict[str, float] = {}  # queued run → when last tried
         self._stops = PeerStops()  # what node 0 asked of the other nodes, until it is done
+        self._watch = CoordinatorWatch()  # this node asking node 0 about the runs it is in
 
     def close(self) -> None:
         for link in self._links.values():
@@ -198,7 +206,7 @@ class Gang:
         self._busy[run_id] = task
         task.add_done_callback(lambda t: _report(run_id, t))
 
-    def _errand(self, work: Coroutine[Any, Any, list[int]]) -> None:
+    def _errand(self, work: Coroutine[Any, Any, Any]) -> None:
         """Run `work` beside the tick (a silent node must never hold the tick up)."""
         task = asyncio.get_running_loop().create_task(work)
         self._errands.add(task)
@@ -271,8 +279,10 @@ class Gang:
     # ------------------------------------------------------------------ the tick
 
     async def tick(self, now: float) -> None:
+        woke = self._watch.tick(now)
         for run in self.book.runs():
             if not run.is_coordinator:
+                self._watch_coordinator(run, now, woke)
                 continue
             if run.state is RunState.QUEUED:
                 tried = self._queue_tried.get(run.id, 0.0)
@@ -297,6 +307,53 @@ class Gang:
         if self._orphans and now - self._orphan_poll >= ORPHAN_POLL_S:
             self._orphan_poll = now
             await self._stop_orphans(now)
+
+    # ------------------------------------------------------------------ node N's side
+
+    def status_for_member(self, run: RunRecord) -> GangStatus:
+        """What node 0 tells one of the run's other nodes that asks (`run.gang.status`)."""
+        return GangStatus(
+            run_id=run.id,
+            state=run.state,
+            attempt=run.attempt,
+            reason=run.reason,
+            stop=self._stops.wanted(run),
+        )
+
+    def _watch_coordinator(self, run: RunRecord, now: float, woke: bool) -> None:
+        """Ask node 0 where the run stands, now and then, while a part of it runs here."""
+        own = self.book.part(run.id)
+        live = own is not None and not own.record.state.terminal
+        if not live or run.attached is not None or run.coordinator is None:
+            self._watch.forget(run.id)
+            return
+        assert own is not None
+        if own.record.stop_requested or not self._watch.due(run.id, now, woke):
+            return
+        self._watch.sending(run.id, now)
+        self._errand(self._ask_coordinator(run, run.coordinator, own.record.attempt))
+
+    async def _ask_coordinator(self, run: RunRecord, node0: NodeRef, attempt: int) -> None:
+        try:
+            request = PartStatusRequest(run_id=run.id)
+            status = await asyncio.to_thread(self._link(node0).call, GANG_STATUS, request)
+        except ClientError as exc:  # node 0 restarting, or an older gpud: nothing changes
+            log.debug("run %s: node 0 did not say where the run stands: %s", run.id, exc)
+            return
+        finally:
+            self._watch.answered(run.id)
+        stop = stop_for(status, attempt)
+        current = self.book.get(run.id)
+        own = self.book.part(run.id)
+        if stop is None or current is None or own is None or own.record.attempt != attempt:
+            return
+        if own.record.state.terminal or own.record.stop_requested:
+            return  # node 0's own ask got here first
+        self.book.event(
+            current, "stop", f"node 0 wants this part stopped ({stop.reason}): stopping it",
+            "warning",
+        )  # fmt: skip
+        self.local.obey_stop(current, stop)
 
     async def _carry_out(self, run: RunRecord, view: GangView, now: float) -> None:
         own = self.book.current_part(run)

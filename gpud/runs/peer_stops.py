@@ -94,5 +94,10 @@ class PeerStops:
         ]
         return (wish.request, ranks) if ranks else None
 
+    def wanted(self, run: RunRecord) -> PartStopRequest | None:
+        """What node 0 asked of the other parts of the run's current attempt, if anything."""
+        wish = self._wishes.get(run.id)
+        return wish.request if wish is not None and wish.attempt == run.attempt else None
+
     def forget(self, run_id: str) -> None:
         self._wishes.pop(run_id, None)

@@ -27,6 +27,7 @@ from gpud.patterns.extract import MetricExtractor
 from gpud.patterns.follower import Found, PatternThread
 from gpud.protocol import (
     ErrorCode,
+    GangStatus,
     JoinReply,
     JoinRequest,
     LaunchReply,
@@ -64,7 +65,7 @@ from gpud.runmodel import (
 from gpud.runs import causes, elastic, flight, gang, hints
 from gpud.runs.aftermath import blame_hardware, check_nothing_left
 from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
-from gpud.runs.book import Publish, RunBook, check_coordinator
+from gpud.runs.book import Publish, RunBook, check_coordinator, check_member
 from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint, unset_dir_warning
 from gpud.runs.gpus import Gpu
 from gpud.runs.leases import GpuLeases
@@ -162,6 +163,7 @@ class Supervisor:
             self.book.load(run)
             if run.coordinator is not None and run.coordinator.server_key:
                 self.peer_keys.grant(run.coordinator.server_key, run.id)
+            self._trust_members(run)
         for record in self.store.active_attempts():
             owner = self.book.get(record.run_id)
             if owner is None:
@@ -182,6 +184,12 @@ class Supervisor:
             )
             self.book.event(run, "adopt", what)
             log.info("run %s: %s", run.id, "re-adopted" if alive else "settling after restart")
+        for run in self.book.runs():
+            # A run still stopping whose part here had already ended (the other nodes'
+            # parts had not): node 0 must see its own part over to fold the run's end.
+            ended = [a for a in self.store.attempts(run.id) if a.attempt == run.attempt]
+            if self.book.part(run.id) is None and ended:
+                self.book.add_part(Part(ended[-1], self.clock))
         self.leases.sweep(self._live_parts())
         # Gang state (and restarts due) are recomputed on the next tick.
 
@@ -452,6 +460,7 @@ class Supervisor:
             )
         self.store.lease_port(port, run_id, 1, self.clock())
         run = self.book.add(run)
+        self._trust_members(run)
         self.book.event(run, "launch", f"launched by {caller.name} on {len(nodes)} node(s)")
         self._warn(run, warnings)
         self.start_part(run, spec, 1, master_addr, port, ResumePoint(None))
@@ -466,11 +475,20 @@ class Supervisor:
     ) -> LaunchReply:
         """A launch that waits: queued here (and, as gpuctl joins them, on the other nodes)."""
         run = self.book.add(run.model_copy(update={"queued_at": run.created_at}))
+        self._trust_members(run)
         where = f"{len(run.nodes)} node(s)"
         self.book.event(run, "launch", f"launched by {caller.name} on {where}, queued: {why}")
         self._warn(run, warnings)
         run = self.book.move(run.id, RunState.QUEUED, why)
         return LaunchReply(run=self.book.summary(run), master_addr=master_addr, warnings=warnings)
+
+    def _trust_members(self, run: RunRecord) -> None:
+        """Node 0 lets the run's other nodes ask it where the run stands (`run.gang.status`,
+        nothing else: `check_member`)."""
+        if run.is_coordinator and run.attached is None:
+            for node in run.nodes[1:]:
+                if node.server_key:
+                    self.peer_keys.grant(node.server_key, run.id)
 
     def _warn(self, run: RunRecord, warnings: list[str]) -> None:
         """The launch's warnings stay in the run's events, for whoever did not launch it."""
@@ -609,6 +627,12 @@ class Supervisor:
         check_coordinator(run, caller)
         if run.attached is not None:
             raise refuse_control(run, "stop")
+        self.obey_stop(run, req)
+        return self.part_status(PartStatusRequest(run_id=run.id), caller)
+
+    def obey_stop(self, run: RunRecord, req: PartStopRequest) -> None:
+        """Stop this node's part as node 0 asked: by `run.part.stop`, or as this node
+        learned by asking node 0 itself (`CoordinatorWatch`)."""
         if req.failed:
             self.stop_part(
                 run,
@@ -620,7 +644,12 @@ class Supervisor:
             )
         else:
             self.stop_part(run, force=req.force, reason=req.reason)
-        return self.part_status(PartStatusRequest(run_id=run.id), caller)
+
+    def gang_status(self, req: PartStatusRequest, caller: Caller) -> GangStatus:
+        """`run.gang.status`: one of the run's other nodes asks where node 0 has it."""
+        run = self.book.find(req.run_id)
+        check_member(run, caller)
+        return self.gang.status_for_member(run)
 
     def stop_part(
         self,

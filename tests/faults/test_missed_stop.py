@@ -9,6 +9,10 @@ timeout: node 0 asks again, node 1 stops its ranks, and the run ends `failed` wi
 SIGKILL as its cause, nothing left. With a manual stop during the freeze, the run ends
 the same way: `failed`, and its reason says why (it read `stopped` with the SIGKILL
 failure as its reason).
+
+What node 0 asked lives in its memory. When node 0's daemon restarts while node 1 is
+frozen, nobody is left to ask again: node 1, once it runs, asks node 0 where the run
+stands (`run.gang.status`) and stops its part itself.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from gpud.runmodel import CauseKind, RunState
+from tests.faults.test_runs_end import restart
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import launch, nothing_left, ranks_of, script_spec, status, wait_for
 from tests.support.waiting import until
@@ -85,4 +90,48 @@ def test_a_part_whose_daemon_missed_the_stop_is_stopped_once_it_answers(
     assert status(node1, run_id).run.state is RunState.FAILED
     assert any("answers again" in e.message for e in status(node0, run_id).events)
     assert took < 15.0, took
+    nothing_left(run_id)
+
+
+def test_a_frozen_node_stops_its_part_itself_when_node_0_restarted_meanwhile(
+    daemons: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    node0 = daemons(node="n0", simulate_gpus=None)
+    node1 = daemons(node="n1", simulate_gpus=None)
+    spec = script_spec(tmp_path, SLEEPER, name="sleeper", launcher="torchrun", nproc=2)
+    run_id = launch(
+        node0, "lost_after_s=60", "restart.max_attempts=0", config=spec,
+        nodes=(node0.address, node1.address),
+    )  # fmt: skip
+    until("4 ranks joined", lambda: len(ranks_of(run_id)) == 4, timeout=90)
+    node1_ranks = [p for r, p in ranks_of(run_id).items() if r >= 2]
+
+    node1.proc.send_signal(signal.SIGSTOP)
+    try:
+        stopped = gpuctl("--node", node0.address, "stop", run_id, "--no-wait")
+        assert stopped.returncode == 0, stopped.stderr
+        until(
+            "node 0 tried to stop node 1's part and could not",
+            lambda: any(
+                "could not reach node 1" in e.message for e in status(node0, run_id).events
+            ),
+            timeout=30,
+        )
+        assert node0.stop() == 0  # what node 0 asked of node 1 goes with it
+        node0 = restart(daemons, node0)
+        time.sleep(3)  # node 0 is back and has nobody to ask again
+        assert all(p.is_running() for p in node1_ranks)
+    finally:
+        node1.proc.send_signal(signal.SIGCONT)
+    woke = time.monotonic()
+
+    until("node 1's ranks ended", lambda: not any(p.is_running() for p in node1_ranks), 30)
+    took = time.monotonic() - woke
+    print(f"node 1 stopped its part {took:.1f}s after it ran again")
+    asked = [e.message for e in status(node1, run_id).events if "node 0 wants" in e.message]
+    assert asked and "node 0 has the run stopping" in asked[0], status(node1, run_id).events
+    ended = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=30)
+    assert ended.run.state is RunState.STOPPED, ended.run.reason
+    assert status(node1, run_id).run.state is RunState.STOPPED
+    assert took < 10.0, took
     nothing_left(run_id)
