@@ -1,6 +1,6 @@
 """Metric extraction on a budget: a pattern that costs too much is disabled, once, by name,
-and the run's other patterns go on. The clock is injected: each call moves it by what a
-match is made to "take"."""
+and the run's other patterns go on. The clocks (wall and the thread's CPU) are injected:
+each call moves them by what a match is made to "take"."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ class SteppingClock:
         return self.now
 
 
+def clocks(cost_s: float, idle_s: float = 0.0) -> dict[str, SteppingClock]:
+    """A match that takes `cost_s` of wall time and of CPU alike."""
+    return {"clock": SteppingClock(cost_s, idle_s), "cpu": SteppingClock(cost_s, idle_s)}
+
+
 def test_every_pattern_adds_its_groups_and_step_is_the_step() -> None:
     extract = MetricExtractor([LOSS, LR])
     assert extract.extract("iter 120: loss 2.3121 lr 3e-4") == (120, {"loss": 2.3121, "lr": 3e-4})
@@ -39,7 +44,7 @@ def test_every_pattern_adds_its_groups_and_step_is_the_step() -> None:
 
 
 def test_a_slow_line_disables_its_pattern_once_and_the_others_go_on() -> None:
-    extract = MetricExtractor([LOSS, LR], Budget(line_s=0.05), clock=SteppingClock(0.2))
+    extract = MetricExtractor([LOSS, LR], Budget(line_s=0.05), **clocks(0.2))
     assert extract.extract("iter 1: loss 2.0 lr 0.1") == (1, {"loss": 2.0, "lr": 0.1})
     disabled = extract.take_disabled()
     assert [d.source for d in disabled] == [LOSS, LR]  # both took 200 ms
@@ -52,7 +57,7 @@ def test_a_slow_line_disables_its_pattern_once_and_the_others_go_on() -> None:
 
 def test_many_cheap_lines_over_the_window_budget_disable_the_pattern() -> None:
     budget = Budget(line_s=0.05, window_s=0.5, window=10.0)
-    extract = MetricExtractor([LOSS], budget, clock=SteppingClock(1 / 64))
+    extract = MetricExtractor([LOSS], budget, **clocks(1 / 64))
     steps = [extract.extract(f"iter {i}: loss 1.0")[0] for i in range(40)]
     assert steps[:32] == list(range(32))  # 0.5 s of matching in 10 s is allowed
     assert steps[33:] == [None] * 7
@@ -62,10 +67,19 @@ def test_many_cheap_lines_over_the_window_budget_disable_the_pattern() -> None:
 
 def test_the_window_budget_renews_with_the_window() -> None:
     budget = Budget(line_s=0.05, window_s=0.5, window=1.0)
-    extract = MetricExtractor([LOSS], budget, clock=SteppingClock(1 / 64, idle_s=1 / 16))
+    extract = MetricExtractor([LOSS], budget, **clocks(1 / 64, idle_s=1 / 16))
     # 20 % of the time matching: 0.2 s in each 1 s window, for a minute and a half
     assert all(extract.extract(f"iter {i}: loss 1.0")[0] == i for i in range(1200))
     assert extract.take_disabled() == []
+
+
+def test_waiting_for_a_core_mid_match_is_not_the_patterns_cost() -> None:
+    # 200 ms between the two clock reads, of which the thread ran 1 µs: a loaded box
+    waited = MetricExtractor(
+        [LOSS], Budget(line_s=0.05), clock=SteppingClock(0.2), cpu=SteppingClock(2**-20)
+    )
+    assert [waited.extract(f"iter {i}: loss 1.0")[0] for i in range(3)] == [0, 1, 2]
+    assert waited.take_disabled() == []
 
 
 def test_a_stored_pattern_re2_refuses_is_disabled_from_the_start() -> None:
