@@ -83,10 +83,12 @@ def test_a_catastrophic_pattern_never_freezes_the_daemon(
                 rows = daemon.client().run_metrics(greedy, name="loss").rows
         print(prober.summary())
         assert prober.failed == [] and prober.asked > 100
-        # The target is 100 ms (bench/pattern_engines.py measures it on a quiet machine); here
-        # two cores are shared with the runs' processes and whatever else runs. Before RE2
-        # and the pattern threads, the daemon did not answer for hours.
-        assert prober.worst_s < 1.0, f"node.info took {prober.worst_s:.2f} s"
+        # The target is 100 ms throughout (bench/pattern_engines.py measures it on a quiet
+        # machine). Here two cores are shared with two DDP ranks training flat out, a script
+        # printing 10,000 lines and whatever else runs: a few answers (2% of about 200) may
+        # wait for a core, none for long. Measured on two loaded cores: p99 55-116 ms,
+        # slowest 103-155 ms. Before RE2 and the pattern threads, it did not answer for hours.
+        assert prober.percentile(0.98) < 0.1 and prober.worst_s < 1.0, prober.summary()
 
         ddp_now = status(daemon, ddp).run
         assert ddp_now.state.value == "running" and (ddp_now.last_step or 0) > step_before
