@@ -83,6 +83,9 @@ class RunBrief(Reading):
     max_steps: int | None = None
     values: dict[str, float] = Field(default_factory=dict, description="of BRIEF_VALUES")
     verdict: str | None = Field(None, description="the health verdict (node 0 only)")
+    judged_from_output: bool = Field(
+        False, description="health is judged from the output: `HealthSummary.judged_from_output`"
+    )
 
 
 class NodeBrief(Reading):
@@ -170,6 +173,7 @@ def run_brief(summary: RunSummary, health: HealthSummary | None) -> RunBrief:
         max_steps=summary.max_steps,
         values=values,
         verdict=health.verdict if health is not None else None,
+        judged_from_output=health is not None and health.judged_from_output,
     )
 
 

@@ -641,6 +641,17 @@ class GpuTrouble(Reading):
 
 
 Verdict = Literal["ok", "degraded", "stalled", "failed", "idle"]
+#: What the views say in place of `ok` for a run whose health is judged from its output (no
+#: rank sends heartbeats): gpud cannot see the ranks of such a script, so it does not vouch
+#: for them. A stall it sees in the output still reads `stalled`.
+NO_HEARTBEATS = "no heartbeats (script does not use the trainers library): judged from its output"
+#: The same in a table's one-word HEALTH column (gputop's runs table).
+NO_HEARTBEATS_WORD = "no beats"
+
+
+def verdict_word(verdict: str, judged_from_output: bool) -> str:
+    """A verdict in one word for a table: `ok` judged from output alone is `no beats`."""
+    return NO_HEARTBEATS_WORD if judged_from_output and verdict == "ok" else verdict
 
 
 def new_run_id(name: str) -> str:
@@ -699,6 +710,18 @@ class HealthSummary(Reading):
     flight_recorder: list[str] = Field(
         default_factory=list, description="the analyzer's findings when the attempt failed"
     )
+    judged_from_output: bool = Field(
+        False,
+        description="no rank sends heartbeats (the script does not use the trainers library),"
+        " so health is judged from its output; the views show its `ok` as NO_HEARTBEATS. A"
+        " flag beside `verdict`, not a verdict of its own: a reader that knows only the five"
+        " verdicts still reads the summary",
+    )
+
+    @property
+    def ok_from_output(self) -> bool:
+        """An `ok` judged from output alone: the views show NO_HEARTBEATS in its place."""
+        return self.judged_from_output and self.verdict == "ok"
 
 
 def gpus_text(gpus: list[int]) -> str:

@@ -372,6 +372,12 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
                     ("run", "metric"))  # fmt: skip
     verdict = _gauge("gpud_run_health", "The health verdict: 1 for the current one.",
                      ("run", "verdict"))  # fmt: skip
+    from_output = _gauge(
+        "gpud_run_health_from_output",
+        "1 while the run's health is judged from its output (no rank sends heartbeats: the"
+        " script does not use the trainers library), so its ok is not vouched for, else 0.",
+        ("run",),
+    )
     samples = _gauge("gpud_run_samples_per_second", "Samples trained per second (all ranks).",
                      ("run",))  # fmt: skip
     tokens = _gauge("gpud_run_tokens_per_second", "Tokens trained per second (all ranks).",
@@ -430,6 +436,7 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
             continue
         for each_verdict in VERDICTS:
             verdict.add_metric([rid, each_verdict], float(health.verdict == each_verdict))
+        from_output.add_metric([rid], float(health.judged_from_output))
         stall = health.stall
         for rank in health.ranks:
             number = str(rank.rank)
@@ -448,8 +455,8 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
             if rank.collective_s is not None:
                 collective.add_metric(labels, rank.collective_s)
     for family in (state, attempt, restarts, steps, total, values, samples, tokens, verdict,
-                   straggler, stalled, busbw, warnings, age, step_time, collective, world,
-                   nodes, planned):  # fmt: skip
+                   from_output, straggler, stalled, busbw, warnings, age, step_time,
+                   collective, world, nodes, planned):  # fmt: skip
         if family.samples:
             yield family
 

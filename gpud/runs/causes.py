@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,10 +290,13 @@ def known_line(text: str, local_rank: int | None = None) -> tuple[CauseKind, str
 # --------------------------------------------------------------------------- a full disk
 
 
-def full_disk(path: Path, what: str) -> str | None:
+def full_disk(
+    path: Path, what: str, free_of: Callable[[str], int | None] = free_bytes
+) -> str | None:
     """`what` (e.g. "the state dir /var/lib/gpud") is full: one line, or None while its
-    disk has room (less than the shim's ROOM_BYTES counts as full)."""
-    free = free_bytes(str(path))
+    disk has room (less than the shim's ROOM_BYTES counts as full). `free_of` reads the
+    free bytes of a path's disk."""
+    free = free_of(str(path))
     if free is None or free >= ROOM_BYTES:
         return None
     return f"{what} is full (ENOSPC: {free / 1e6:.1f} MB free)"

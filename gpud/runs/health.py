@@ -27,7 +27,8 @@ GPU trouble), so it is tested on hand-made inputs and computed the same on every
   from its output (`assess_by_output`): the time since any node printed a line, and
   since its metric patterns last found a new step. Quiet for `restart.hang_timeout_s`
   while its processes live is a stall of no one rank (and so a hang); without a
-  timeout it is never called stalled, only reported.
+  timeout it is never called stalled, only reported. Its `ok` is not one gpud can vouch
+  for: the views show NO_HEARTBEATS in its place (`HealthSummary.judged_from_output`).
 - **An ended run** has a final verdict and nothing live: `failed` when it failed, `ok`
   when it succeeded, `idle` otherwise (stopped, or not running yet); never a stall, a
   countdown or a straggler.
@@ -38,6 +39,7 @@ from __future__ import annotations
 import statistics
 
 from gpud.runmodel import (
+    NO_HEARTBEATS,
     BandwidthView,
     GpuTrouble,
     HealthSummary,
@@ -317,10 +319,6 @@ def _ranks_text(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
 
 
-#: The note a run without heartbeats gets in its reasons (it does not change the verdict).
-NO_HEARTBEATS = "no heartbeats (script does not use the trainers library): judged from its output"
-
-
 def assess_by_output(
     run_id: str,
     attempt: int,
@@ -340,6 +338,8 @@ def assess_by_output(
     `quiet_s`: how long since any of its nodes printed a line (or since it started, if
     none did yet); `step`: its newest metric step and how long ago its patterns found it.
     Quiet for `hang_timeout_s` is a stall with no culprit (gpud cannot see its ranks).
+    The summary is `judged_from_output`: its `ok` reads NO_HEARTBEATS in every view. The
+    first reason says so too, for readers older than that flag.
     """
     heard = f"last output {quiet_s:.1f}s ago"
     if step is not None:
@@ -371,4 +371,5 @@ def assess_by_output(
         nccl_warnings=nccl_warnings,
         last_nccl_warning=last_nccl_warning,
         gpu_trouble=gpu_trouble,
+        judged_from_output=True,
     )

@@ -255,12 +255,21 @@ def _path(f: Found, raw: str) -> str:
 
 
 def _disk_full(f: Found) -> str:
-    where = (
-        f.group(r"no space left on (\S+?) \(")
-        or f.group(r"the state dir (\S+) is full")
-        or f.facts.checkpoint_dir
-    )
-    disk = f"the disk of {where}" if where else "the disk it wrote to"
+    """The state dir (gpud's own: run output, records, and checkpoints where checkpoint.dir
+    is unset) and the checkpoint dir call for different cures; a disk named by neither
+    message is taken for the checkpoint dir's, when the spec sets one."""
+    state = f.group(r"the state dir (\S+) is full")
+    if state is not None:
+        return (
+            f"the disk of the state dir {state} is full: free space there (`df -h {state}`;"
+            f" each run's output, and its checkpoints where checkpoint.dir is unset, are under"
+            f" {state}/runs); then `gpuctl resume RUN` (a restart alone would fill it again)"
+        )
+    saved = f.group(r"no space left on (\S+?) \(checkpoint step")  # CheckpointSpaceError
+    where = saved or f.facts.checkpoint_dir
+    disk = "the disk it wrote to"
+    if where:
+        disk = f"the disk of the checkpoint dir {where}" if saved else f"the disk of {where}"
     return (
         f"{disk} is full: free space there (`df -h {where or '.'}`; old checkpoints:"
         " checkpoint.keep_last), or point checkpoint.dir at a disk with room; then"

@@ -6,7 +6,7 @@ import click
 
 from gpud.client import Client, ClientError
 from gpud.protocol import RUN_HEALTH, RUN_METRICS, MetricsReply, MetricsRequest, RunRef
-from gpud.runmodel import HealthSummary, steps_text
+from gpud.runmodel import NO_HEARTBEATS, HealthSummary, steps_text
 from launch.gpuctl import slurm_jobs
 from launch.gpuctl.completion import run_argument
 from launch.gpuctl.context import Ctl, exit_code_for, fail, json_option
@@ -76,12 +76,21 @@ def health_command(ctl: Ctl, run: str) -> None:
     click.echo("\n".join(render_health(health, found.status.run.max_steps)))
 
 
+def _verdict(h: HealthSummary) -> str:
+    """`OK: why`; for an `ok` judged from output alone, NO_HEARTBEATS in place of `OK`."""
+    if h.ok_from_output:
+        # The first reason is NO_HEARTBEATS and what was heard (for readers without the flag).
+        why = [r.removeprefix(NO_HEARTBEATS).removeprefix("; ") for r in h.reasons]
+        return "; ".join([NO_HEARTBEATS] + [r for r in why if r])
+    return h.verdict.upper() + (f": {'; '.join(h.reasons)}" if h.reasons else "")
+
+
 def render_health(h: HealthSummary, max_steps: int | None = None) -> list[str]:
     """The health report; each rank's step as steps done/`max_steps` (as `ps` shows it)."""
     lines = [
         f"run       {h.run_id} (attempt {h.attempt}), backend {h.backend or '?'}, "
         f"world size {h.world_size or '?'}",
-        f"verdict   {h.verdict.upper()}" + (f": {'; '.join(h.reasons)}" if h.reasons else ""),
+        f"verdict   {_verdict(h)}",
     ]
     if h.stall is not None:
         who = f"rank {h.stall.rank}" if h.stall.rank is not None else "no single rank"

@@ -271,3 +271,29 @@ def test_shell_completion_offers_the_run_ids_and_names_the_nodes_know(
     assert daemon.stop() == 0
     quiet = complete(f"gpuctl --node {daemon.address} status ")
     assert (quiet.returncode, quiet.stdout.strip(), quiet.stderr) == (0, "", "")
+
+
+def test_a_dry_run_of_a_plain_script_says_which_health_it_gets(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """Issue 26 §2: a script without the trainers library gets health from its output only;
+    `--dry-run` says so, in one line, as the launch does. A script with the library gets
+    no note."""
+    spec = script_spec(tmp_path, "print('step 1 loss 0.5')\n", name="plain")
+    dry = gpuctl("--node", daemon.address, "launch", str(spec), "--dry-run",
+                 "--set", "restart.hang_timeout_s=30")  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stderr.splitlines() == [
+        "gpuctl: note: plain.py does not import the trainers library, so gpud judges its"
+        " health from its output: metrics from `metrics:` patterns, a hang after 30s without"
+        " output; per-rank heartbeats, stragglers, a stall's culprit, the checkpoint-then-exit"
+        " stop and the collective probe need `from trainers import ...`"
+    ], dry.stderr
+    assert "plain.py" in dry.stdout  # the plan, and nothing started
+    ps = json.loads(gpuctl("--node", daemon.address, "--json", "ps").stdout)
+    assert ps["runs"] == []
+    unset = gpuctl("--node", daemon.address, "launch", str(spec), "--dry-run")
+    assert "a hang when it prints nothing for restart.hang_timeout_s (unset)" in unset.stderr
+    library = script_spec(tmp_path, "from trainers import run\n", name="library")
+    quiet = gpuctl("--node", daemon.address, "launch", str(library), "--dry-run")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr

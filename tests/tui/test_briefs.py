@@ -107,3 +107,19 @@ def test_a_run_moves_with_its_brief_and_asks_for_its_record_when_its_state_moves
         HealthSummary(run_id="ddp-1", attempt=2, time=scenes.T0 + 9, verdict="stalled")
     )
     assert run.verdict() == "stalled"  # a health event, where one came, wins
+
+
+def test_a_run_without_heartbeats_reads_no_beats_not_ok() -> None:
+    model, _ = one_node()
+    plain = line(100).model_copy(update={"verdict": "ok", "judged_from_output": True})
+    model.apply_event(KEY, brief_event(1, [plain]))  # type: ignore[arg-type]
+    model.apply_runs(KEY, RunList(runs=[scenes.summary("ddp-1", [KEY], step=100)]))
+    model.apply_event(KEY, brief_event(2, [plain]))  # type: ignore[arg-type]
+    run = model.runs["ddp-1"]
+    assert run.verdict() == "no beats"  # from the brief
+    live = HealthSummary(run_id="ddp-1", attempt=2, time=scenes.T0 + 9, verdict="ok",
+                         judged_from_output=True)  # fmt: skip
+    model.apply_health(live)
+    assert run.verdict() == "no beats"  # from the health event
+    model.apply_health(live.model_copy(update={"verdict": "stalled"}))
+    assert run.verdict() == "stalled"  # a stall seen in the output is one

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpud.runmodel import (
+    NO_HEARTBEATS,
     CauseKind,
     FailureCause,
     HealthSummary,
@@ -146,3 +147,30 @@ async def test_a_failed_run_shows_the_hint_of_a_known_failure() -> None:
     hint = "hint: the torch in /srv/venv/bin/python is a CPU build and the script uses CUDA"
     assert hint in panel, text
     assert panel.index("from the traceback") < panel.index(hint), text  # below the cause
+
+
+@pytest.mark.asyncio
+async def test_a_run_without_heartbeats_shows_so_in_place_of_ok() -> None:
+    fleet = FleetModel(
+        [scenes.target(1, "n1")], clock=scenes.FixedClock(), wall=scenes.FixedClock(scenes.T0)
+    )
+    summary = scenes.summary(RUN, [NODE], state=RunState.RUNNING, attempt=1, step=49)
+    fleet.apply_event(NODE, scenes.event(f"run.{RUN}.state", summary))
+    fleet.apply_health(
+        HealthSummary(
+            run_id=RUN, attempt=1, time=scenes.T0, verdict="ok", backend="gloo", world_size=2,
+            reasons=[f"{NO_HEARTBEATS}; last output 0.4s ago, step 50 0.4s ago"],
+            judged_from_output=True,
+        )
+    )  # fmt: skip
+    text = await run_screen(fleet)
+    panel = " ".join(line.split("▏", 1)[1].strip() for line in text.splitlines() if "▏" in line)
+    assert "NO HEARTBEATS" in panel and " OK " not in panel, text
+    assert "judged from its output; last output 0.4s ago" in panel, text
+    gputop = GpuTop(fleet, refresh_s=3600)
+    async with gputop.run_test(size=(120, 40)) as pilot:
+        await pilot.press("colon", *"runs", "enter")
+        await pilot.pause()
+        runs = screen_text(gputop)
+    row = next(line for line in runs.splitlines() if line.startswith(RUN))
+    assert " no beats " in row and " ok " not in row, row

@@ -26,6 +26,7 @@ from gpud.runmodel import (
     RunState,
     completed_steps,
     gpus_by_node_text,
+    verdict_word,
 )
 from tui.model.logs import LogBuffer
 from tui.model.series import MetricSeries
@@ -76,7 +77,8 @@ class RunView:
         self.history: History = "none"
         self.history_error: str | None = None
         self.health_asked = False
-        self.brief_verdict: str | None = None  # node 0's brief says, when no health came
+        #: node 0's brief's verdict in a word (`verdict_word`), when no health came
+        self.brief_verdict: str | None = None
         self.metrics_version = 0
         self.version = 0
         self.worlds: dict[int, int] = {}  # attempt → its world size (elastic runs change it)
@@ -127,8 +129,10 @@ class RunView:
             )  # fmt: skip
             self.version += 1
         if brief.node_rank == min(self.parts):
-            if brief.verdict != self.brief_verdict:
-                self.brief_verdict = brief.verdict
+            verdict, from_output = brief.verdict, brief.judged_from_output
+            word = None if verdict is None else verdict_word(verdict, from_output)
+            if word != self.brief_verdict:
+                self.brief_verdict = word
                 self.version += 1
             if brief.last_step is not None:
                 self._progressed(brief.attempt, when, float(brief.last_step))
@@ -291,11 +295,13 @@ class RunView:
         return max(0.0, (summary.max_steps - done) / ((s1 - s0) / (t1 - t0)))
 
     def verdict(self) -> str | None:
+        """The live verdict in a word (`verdict_word`: `no beats` for an `ok` judged from
+        output alone), None once the run ended."""
         if self.parts and self.summary.state.terminal:
             return None  # the last verdict of an ended run says nothing now
         if self.health is None:
             return self.brief_verdict
-        return self.health.verdict
+        return verdict_word(self.health.verdict, self.health.judged_from_output)
 
     def ending(self) -> Ending | None:
         """How the run ended, for views that would otherwise show its last live health.

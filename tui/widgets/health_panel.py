@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from gpud.runmodel import FailureCause, GpuTrouble, HealthSummary, RunState
+from gpud.runmodel import FailureCause, GpuTrouble, HealthSummary, RunState, verdict_word
 from tui.model import units
 from tui.model.runs import Ending, RunView
 from tui.widgets.runs_table import STATE_STYLES, VERDICT_STYLES
@@ -62,8 +62,11 @@ def _where(cause: FailureCause) -> str:
 def verdict_text(health: HealthSummary) -> Text:
     """A running run's verdict, why, and a stall's countdown to the collective timeout."""
     text = Text()
-    style = VERDICT_STYLES.get(health.verdict, "")
-    text.append(" " + health.verdict.upper() + " ", style=f"reverse {style}")
+    # An `ok` judged from output alone reads NO HEARTBEATS; its first reason says the rest.
+    word = verdict_word(health.verdict, health.judged_from_output)
+    style = VERDICT_STYLES.get(word, "")
+    badge = "no heartbeats" if health.ok_from_output else word
+    text.append(" " + badge.upper() + " ", style=f"reverse {style}")
     for reason in health.reasons[:3]:
         text.append(f"\n{reason}", style=style)
     stall = health.stall

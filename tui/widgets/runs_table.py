@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gpud.runmodel import RunState, steps_text
+from gpud.runmodel import NO_HEARTBEATS_WORD, RunState, steps_text
 from tui.model import units
 from tui.model.fleet import FleetModel
 from tui.model.runs import RunView
@@ -43,6 +43,7 @@ VERDICT_STYLES = {
     "stalled": "bold red",
     "failed": "bold red",
     "idle": "dim",
+    NO_HEARTBEATS_WORD: "cyan",  # an `ok` judged from output alone: not vouched for
 }
 
 

@@ -77,3 +77,12 @@ def test_straggler_and_stalled_flags_are_there_for_every_rank() -> None:
     every = Stall(rank=None, stuck_for_s=30, timeout_s=600, countdown_s=570, why=why)
     stuck = rendered(RunOnNode(summary(), health([0.1, 0.1], stall=every)))["gpud_run_stalled"]
     assert set(stuck.values()) == {1.0}
+
+
+def test_health_judged_from_the_output_is_flagged_beside_the_verdict() -> None:
+    plain = health([]).model_copy(update={"judged_from_output": True})
+    series = rendered(RunOnNode(summary(), plain))
+    assert series["gpud_run_health_from_output"] == {(): 1.0}
+    # the state set keeps its five verdicts, so dashboards and rules read it as before
+    assert series["gpud_run_health"][("verdict=ok",)] == 1.0
+    assert rendered(RunOnNode(summary(), health([0.1])))["gpud_run_health_from_output"] == {(): 0.0}

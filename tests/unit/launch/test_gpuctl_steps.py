@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpud.protocol import RunSummary
-from gpud.runmodel import HealthSummary, RankView, RunState
+from gpud.runmodel import NO_HEARTBEATS, HealthSummary, RankView, RunState
 from launch.gpuctl.follow import progress_line
 from launch.gpuctl.observe import render_health
 
@@ -36,3 +36,21 @@ def test_health_shows_each_ranks_steps_done_of_the_total() -> None:
     assert rows[1].split()[:3] == ["1", "0", "-"]
     without_total = "\n".join(render_health(health)).splitlines()[-2]
     assert without_total.split()[:3] == ["0", "0", "20"]
+
+
+def test_health_of_a_script_without_heartbeats_says_so_in_place_of_ok() -> None:
+    def verdict(h: HealthSummary) -> str:
+        return next(line for line in render_health(h) if line.startswith("verdict"))
+
+    heard = f"{NO_HEARTBEATS}; last output 0.4s ago, step 50 0.4s ago"
+    plain = HealthSummary(
+        run_id="r-1", attempt=1, time=0.0, verdict="ok", world_size=2, reasons=[heard],
+        judged_from_output=True,
+    )  # fmt: skip
+    assert verdict(plain) == f"verdict   {heard}"  # the note once, no OK
+    stalled = plain.model_copy(update={"verdict": "stalled", "reasons": [heard, "no output"]})
+    assert verdict(stalled) == f"verdict   STALLED: {heard}; no output"
+    # A daemon older than the flag: its ok reads as it did
+    assert verdict(plain.model_copy(update={"judged_from_output": False})).startswith(
+        "verdict   OK: no heartbeats"
+    )

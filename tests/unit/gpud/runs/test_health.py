@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.runmodel import BandwidthView, GpuTrouble, HealthSummary, RankView, RunState
-from gpud.runs.health import (
+from gpud.runmodel import (
     NO_HEARTBEATS,
+    BandwidthView,
+    GpuTrouble,
+    HealthSummary,
+    RankView,
+    RunState,
+    verdict_word,
+)
+from gpud.runs.health import (
     assess,
     assess_by_output,
     baseline_for,
@@ -251,8 +258,20 @@ def test_a_run_without_heartbeats_is_judged_from_its_output() -> None:
     flowing = judge(0.4, 5.0)
     assert flowing.verdict == "ok" and flowing.world_size == 4 and flowing.stall is None
     assert flowing.reasons == [f"{NO_HEARTBEATS}; last output 0.4s ago, step 50 0.4s ago"]
+    # An `ok` from output alone is not shown as ok: gpud cannot see the ranks.
+    assert flowing.judged_from_output and flowing.ok_from_output
+    assert verdict_word(flowing.verdict, flowing.judged_from_output) == "no beats"
     quiet = judge(6.0, 5.0)
     assert quiet.verdict == "stalled" and quiet.stall is not None and quiet.stall.rank is None
     assert quiet.stall.stuck_for_s == 6.0 and quiet.stall.countdown_s == 1800.0 - 6.0
+    # a stall seen in the output still reads as one
+    assert quiet.judged_from_output and not quiet.ok_from_output
+    assert verdict_word(quiet.verdict, quiet.judged_from_output) == "stalled"
     # Without a hang timeout the quiet is reported, never called a stall.
     assert judge(600.0, None).verdict == "ok"
+
+
+def test_a_run_with_heartbeats_is_not_judged_from_its_output() -> None:
+    ok = health([rank(0), rank(1)])
+    assert ok.verdict == "ok" and not ok.judged_from_output and not ok.ok_from_output
+    assert verdict_word(ok.verdict, ok.judged_from_output) == "ok"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpud.runmodel import CauseKind, ExitInfo, FailureCause
-from gpud.runs.causes import find_cause
+from gpud.runs.causes import find_cause, full_disk
 from gpud.runs.hints import HINTS, HintFacts, for_run, hint_for, matching
 from launch.autotune import recommend
 from tests.support.logs import (
@@ -209,3 +209,34 @@ def test_a_class_this_code_does_not_know_reads_as_unknown() -> None:
     assert newer.kind is CauseKind.UNKNOWN and newer.hint == "wait"
     older = FailureCause.model_validate({"kind": "user", "summary": "ValueError: x"})
     assert older.hint is None
+
+
+def test_a_full_disk_hint_names_the_dir_and_the_cure_for_each(tmp_path: Path) -> None:
+    """The two messages gpud's full-disk paths write: a shim that died on a full state dir
+    (the part runner's cause), and a checkpoint that did not fit (the trainers library's
+    CheckpointSpaceError, in the rank's traceback). Each hint names its dir, and only the
+    checkpoint dir's suggests moving checkpoint.dir: the state dir is gpud's own."""
+    from trainers.checkpoint import CheckpointSpaceError  # imports torch: only here
+
+    full = full_disk(Path("/var/lib/gpud/runs/r-1/attempt-1"), "the state dir /var/lib/gpud",
+                     free_of=lambda _: 40_000)  # fmt: skip
+    assert full == "the state dir /var/lib/gpud is full (ENOSPC: 0.0 MB free)"
+    died = FailureCause(  # as gpud.runs.part writes it
+        kind=CauseKind.ENVIRONMENT, summary=f"the shim process died: {full}; its part was killed"
+    )
+    found = matching(died)
+    assert found is not None and found[0].name == "disk-full"
+    state = hint_for(died, FACTS) or ""
+    assert state.startswith("the disk of the state dir /var/lib/gpud is full:"), state
+    assert "`df -h /var/lib/gpud`" in state and "/var/lib/gpud/runs" in state, state
+    assert "point checkpoint.dir" not in state and "keep_last" not in state, state
+
+    error = CheckpointSpaceError(Path("/mnt/ckpt"), 49, 3_000_000, 100_000)
+    saved = cause_of(traceback_log(f"trainers.checkpoint.CheckpointSpaceError: {error}"), tmp_path)
+    assert saved.kind is CauseKind.ENVIRONMENT, saved
+    found = matching(saved)
+    assert found is not None and found[0].name == "disk-full"
+    ckpt = hint_for(saved, FACTS) or ""  # FACTS' checkpoint.dir is another: the message wins
+    assert ckpt.startswith("the disk of the checkpoint dir /mnt/ckpt is full:"), ckpt
+    assert "`df -h /mnt/ckpt`" in ckpt and "checkpoint.keep_last" in ckpt, ckpt
+    assert "point checkpoint.dir at a disk with room" in ckpt and "state dir" not in ckpt
