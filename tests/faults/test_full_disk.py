@@ -174,12 +174,15 @@ def test_a_ddp_run_trains_on_through_a_full_state_dir_and_loses_no_metric(
     rank 0 its metrics.jsonl: with no room, they train on, and once there is room the
     daemon has every step's metrics."""
     daemon = daemons(node="n0", simulate_gpus=None, state_dir=state_disk.path)
-    # Long enough to still train once there is room again (~80 steps/s on 2 idle cores):
-    # the example saves its final model into the run dir, which a full disk refuses.
+    # Long enough to still train once there is room again: the example saves its final
+    # model into the run dir, which a full disk refuses. Steps of at least 15 ms (rank 1
+    # made slower) take 18 s or more however idle the box is (at ~80 steps/s on 2 idle
+    # cores, 1200 steps once ended inside the 5 s full).
     total = 1200
     run_id = launch(
-        daemon, FAST, f"training.max_steps={total}", f"checkpoint.dir={tmp_path / 'ckpt'}"
-    )
+        daemon, FAST, f"training.max_steps={total}", f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "env={GPUD_TEST_SLOW_RANK: '1', GPUD_TEST_SLOW_S: '0.015'}",
+    )  # fmt: skip
     wait_for_step(daemon, run_id, 20)
     state_disk.fill()
     before = status(daemon, run_id).run.last_step or 0

@@ -143,7 +143,14 @@ def test_no_straggler_in_the_30_s_after_a_rank_of_a_two_node_run_continues(
     )  # fmt: skip
     try:
         wait_for_step(node0, run_id, 10)
-        until(node0, run_id, lambda h: h.verdict == "ok" and len(h.ranks) == 2, 30, "healthy")
+        # Both ranks have reported a step: a rank frozen before its first one is start-up
+        # to health, not a stall (this test once froze rank 1 at step 0, under load).
+        until(
+            node0, run_id,
+            lambda h: h.verdict == "ok" and len(h.ranks) == 2
+            and all(r.last_step is not None for r in h.ranks),
+            30, "healthy, both ranks stepping",
+        )  # fmt: skip
         victim = ranks_of(run_id)[1]
         victim.suspend()
         try:
