@@ -374,6 +374,11 @@ class RunSpec(SpecModel):
     elastic: ElasticSettings | None = Field(
         None, description="continue on fewer nodes when one is lost (default: the whole gang)"
     )
+    preflight: bool = Field(
+        True,
+        description="check each GPU before an attempt takes it (hardware slowdown, a recent"
+        " XID, memory no process holds) and leave out those that fail",
+    )
     stop_grace_s: float = Field(
         30.0, ge=0, le=3600, description="how long a stop waits for the checkpoint handshake"
     )

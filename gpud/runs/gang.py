@@ -748,6 +748,11 @@ class Gang:
                 )
             return why, [], ""
         await self._give_back(run, attempt, [r for r in granted if r not in members])
+        for rank, reply in sorted(refused.items()):  # an elastic attempt goes on without it
+            why = reply.message if isinstance(reply, RequestFailed) else str(reply)
+            self.book.event(
+                run, "attempt", f"node {rank} left out of attempt {attempt}: {why}", "warning"
+            )
         return None, members, words
 
     async def _give_back(

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
+from gpud.heal import preflight
 from gpud.protocol import ErrorCode, ProtocolError
 from gpud.runmodel import gpus_text
 from gpud.runs.gpus import (
@@ -73,6 +74,8 @@ class GpuLeases:
         self.run_name = run_name
         self.clock = clock
         self._slurm = SlurmJobs()
+        #: The free GPUs the last choice left out because they failed their preflight.
+        self.skipped: dict[int, str] = {}
 
     def busy(self, snapshot: NodeSnapshot) -> dict[str, Holder]:
         """Every busy GPU's UUID and who holds it: a lease, a quarantine or drain, or a
@@ -117,13 +120,30 @@ class GpuLeases:
         closeness = closeness_from({g.index: g.peer_distance for g in snapshot.gpus})
         try:
             busy = self.busy(snapshot)
-            return choose(spec.gpus, spec.nproc_per_node, gpus, busy, closeness)
+            without = dict(busy)
+            failed = self._preflight(snapshot, busy) if spec.preflight else {}
+            chosen = choose(spec.gpus, spec.nproc_per_node, gpus, busy, closeness)
+            self.skipped = {}
+            if failed:  # the GPUs it would have had, but for their preflight
+                would = choose(spec.gpus, spec.nproc_per_node, gpus, without, closeness)
+                taken = {g.index for g in chosen}
+                self.skipped = {g.index: failed[g.index] for g in would if g.index in failed}
+                self.skipped = {i: why for i, why in self.skipped.items() if i not in taken}
+            return chosen
         except GpuRequestError as exc:
             raise ProtocolError(ErrorCode.INVALID_BODY, f"{self.node}: {exc}") from None
         except GpusBusy as exc:
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"no GPUs for {run_name} on {self.node}: {exc}"
             ) from None
+
+    def _preflight(self, snapshot: NodeSnapshot, busy: dict[str, Holder]) -> dict[int, str]:
+        """Mark the free GPUs that fail their preflight busy, saying why (`gpud.heal
+        .preflight`); returns them by index."""
+        failed = preflight.failed([g for g in snapshot.gpus if g.uuid not in busy], self.clock())
+        for uuid, why in failed.items():
+            busy[uuid] = Holder(hold=f"failed its preflight: {why}")
+        return {g.index: failed[g.uuid] for g in snapshot.gpus if g.uuid in failed}
 
     def held(self, run_id: str, attempt: int) -> list[Gpu]:
         """The GPUs leased to that attempt here (reserved, or held by its part)."""

@@ -317,7 +317,7 @@ class Supervisor:
         """Start this node's part of an attempt (its shim, its torchrun) on the GPUs it
         leases here; raises a ProtocolError, with nothing leased, when it cannot have them."""
         held = self.leases.held(run.id, attempt)  # reserved by node 0's all-or-none round
-        gpus = held or self.leases.take(run.id, run.name, spec, attempt)
+        gpus = held or self._take(run, spec, attempt)
         try:
             part = self._start_part(run, spec, attempt, master_addr, master_port, resume.path, gpus)
         except BaseException:
@@ -345,7 +345,17 @@ class Supervisor:
         if held:
             return held
         self._check_queue(run, key)
-        return self.leases.take(run.id, run.name, spec, attempt)
+        return self._take(run, spec, attempt)
+
+    def _take(self, run: RunRecord, spec: RunSpec, attempt: int) -> list[Gpu]:
+        """Lease the attempt's GPUs here, saying which ones their preflight kept out."""
+        gpus = self.leases.take(run.id, run.name, spec, attempt)
+        for index, why in sorted(self.leases.skipped.items()):
+            self.book.event(
+                run, "preflight", f"GPU {index} of {self.node} left out of attempt {attempt}:"
+                f" it failed its preflight: {why}", "warning",
+            )  # fmt: skip
+        return gpus
 
     def release_gpus(self, run: RunRecord, attempt: int) -> None:
         part = self.book.part(run.id)

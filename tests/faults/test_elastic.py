@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 import pytest
@@ -167,6 +168,37 @@ def test_below_min_nodes_the_run_waits_queued_and_says_why(daemons: Daemons) -> 
         timeout=90,
     )
     assert status(nodes[0], run_id).run.members == [0, 1, 2]
+    stopped = gpuctl("--node", nodes[0].address, "stop", run_id, "--force", timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    nothing_left(run_id, timeout=30)
+
+
+def test_a_node_whose_gpu_fails_its_preflight_is_left_out_of_the_next_attempt(
+    daemons: Daemons, tmp_path: Path
+) -> None:
+    """Issue 21 §2: node 2's only GPU reports an XID 92 (not fatal: no quarantine, the run
+    goes on); at the next attempt (`gpuctl resize`) its preflight fails, so node 2 cannot
+    give its part and the attempt starts on nodes 0 and 1, saying why."""
+    xids = tmp_path / "xids-n2"
+    nodes = [
+        daemons(node=f"n{i}", simulate_gpus=1,
+                extra=("--simulate-xid-file", str(xids)) if i == 2 else ())
+        for i in range(3)
+    ]  # fmt: skip
+    run_id = launch(
+        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
+        nodes=tuple(n.address for n in nodes),
+    )  # fmt: skip
+    wait_for_step(nodes[0], run_id, 25)
+    xids.write_text("0:92\n")
+    until("n2's XID", lambda: bool(nodes[2].client().node_hw().gpus[0].xid.total), timeout=10)
+    resized = gpuctl("--node", nodes[0].address, "resize", run_id, timeout=120)
+    assert resized.returncode == 0, resized.stderr
+    s = status(nodes[0], run_id)
+    assert (s.run.attempt, s.run.members) == (2, [0, 1]), (s.run, resized.stdout)
+    left = [e.message for e in s.events if "left out of attempt 2" in e.message]
+    assert len(left) == 1 and left[0].startswith("node 2 left out of attempt 2: "), left
+    assert "failed its preflight: XID 92 (high single-bit ECC error rate)" in left[0], left
     stopped = gpuctl("--node", nodes[0].address, "stop", run_id, "--force", timeout=60)
     assert stopped.returncode == 0, stopped.stderr
     nothing_left(run_id, timeout=30)

@@ -31,6 +31,7 @@ from tests.support.runs import (
     wait_for,
     wait_for_step,
 )
+from tests.support.waiting import until
 
 LONG = "training.max_steps=100000"
 Daemons = Callable[..., RunningDaemon]
@@ -241,3 +242,34 @@ def test_a_node_without_gpus_leases_nothing(daemons: Daemons, tmp_path: Path) ->
     run_id = launch(cpu, FAST, "training.max_steps=20")
     s = wait_for(cpu, run_id, {"succeeded", "failed"})
     assert s.run.state is RunState.SUCCEEDED and s.attempts[-1].gpus == []
+
+
+def test_a_gpu_that_fails_its_preflight_is_left_out_of_the_attempt(
+    daemons: Daemons, tmp_path: Path
+) -> None:
+    """Issue 21 §2: a free GPU whose NVML reading says it would start badly (here an XID
+    92, a high single-bit ECC rate: not fatal, not the application's) is left out of the
+    attempt with an event that says why, a launch that names it is refused saying why, and
+    `preflight: false` takes it."""
+    xids = tmp_path / "xids"
+    daemon = daemons(simulate_gpus=4, extra=("--simulate-xid-file", str(xids)))
+    xids.write_text("0:92\n")
+
+    def xid_seen() -> bool:
+        done = gpuctl("--node", daemon.address, "--json", "hw")
+        return bool(json.loads(done.stdout)["nodes"][0]["gpus"][0]["xid"]["total"])
+
+    until("GPU 0's XID in the snapshot", xid_seen, timeout=10)
+    run_id = launch(daemon, FAST, LONG, "gpus=2")
+    s = status(daemon, run_id)
+    assert s.attempts[0].gpus == [1, 2], s.attempts[0]
+    assert [e.message for e in s.events if e.kind == "preflight"] == [
+        "GPU 0 of node0 left out of attempt 1: it failed its preflight: XID 92 (high"
+        " single-bit ECC error rate) in the last 5 min"
+    ]
+    line = refused(daemon, "gpus=[0]")
+    assert "GPU 0" in line and "failed its preflight: XID 92" in line, line
+    force_stop(daemon, run_id)
+    unchecked = launch(daemon, FAST, LONG, "gpus=[0]", "preflight=false")
+    assert status(daemon, unchecked).attempts[0].gpus == [0]
+    force_stop(daemon, unchecked)

@@ -1,0 +1,77 @@
+"""A GPU's preflight before an attempt takes it (issue 21 §2): what NVML says of it now.
+
+Quarantine (`rules`) keeps a GPU that is unsafe from any new work until a reset. Preflight
+is the milder, per-attempt look at a GPU that is not held: would a run that starts on it
+now start well? A GPU that fails is left out of this attempt's choice (the lease takes
+another, or says why it cannot), and is looked at afresh for the next:
+
+- **clocks slowed by the hardware** (`hw_slowdown`, `hw_thermal_slowdown`,
+  `hw_power_brake_slowdown`, `sw_thermal_slowdown`): a run on it would be the gang's
+  straggler from its first step;
+- **an XID in the last `XID_WINDOW_S`**, other than those an application causes (13, 31,
+  43, 45) — the fatal ones quarantine the GPU outright (`rules.FATAL_XIDS`);
+- **memory held by no process NVML lists** (over `UNLISTED_MEMORY_BYTES`): a rank of a run
+  that ended, in another PID namespace or a zombie, still holding it; processes NVML does
+  list make a GPU busy already (`gpud.runs.gpus.FOREIGN_MEMORY_BYTES`).
+
+Pure functions of a sample and the time.
+"""
+
+from __future__ import annotations
+
+from gpud.hardware.events import SLOWDOWN_REASONS
+from gpud.heal.rules import meaning
+from gpud.snapshot import GpuSample
+
+#: XIDs an application causes (a bad kernel, a page fault, a killed process): no fault of
+#: the GPU's, and no reason to keep the next attempt off it.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
+#: How far back an XID keeps a GPU out of a new attempt.
+XID_WINDOW_S = 300.0
+#: Memory in use that no listed process holds, beyond which a GPU is not free.
+UNLISTED_MEMORY_BYTES = 2**30
+
+
+def findings(gpu: GpuSample, now: float) -> list[str]:
+    """Why the GPU should not start an attempt now, in words; empty when it may."""
+    found = []
+    slowed = sorted(SLOWDOWN_REASONS.intersection(gpu.clock_event_reasons or ()))
+    if slowed:
+        found.append(f"clocks slowed by the hardware ({', '.join(slowed)})")
+    recent = sorted(
+        {
+            r.code
+            for r in gpu.xid.recent
+            if now - r.time <= XID_WINDOW_S and r.code not in APPLICATION_XIDS
+        }
+    )
+    if recent:
+        codes = ", ".join(f"XID {code} ({meaning(code)})" for code in recent)
+        found.append(f"{codes} in the last {XID_WINDOW_S / 60:g} min")
+    unlisted = unlisted_memory_bytes(gpu)
+    if unlisted > UNLISTED_MEMORY_BYTES:
+        found.append(
+            f"{unlisted / 2**30:.1f} GiB of its memory is held by no process NVML lists"
+            " (a rank of an ended run in another PID namespace, or a zombie)"
+        )
+    return found
+
+
+def unlisted_memory_bytes(gpu: GpuSample) -> int:
+    """Memory in use beyond the driver's reserve and what the listed processes hold; 0
+    where NVML could not say (no memory reading, or no process list at all)."""
+    if gpu.memory_used_bytes is None or gpu.processes is None:
+        return 0
+    listed = sum(p.used_memory_bytes or 0 for p in gpu.processes)
+    reserved = gpu.memory_reserved_bytes or 0
+    return max(0, gpu.memory_used_bytes - reserved - listed)
+
+
+def failed(gpus: list[GpuSample], now: float) -> dict[str, str]:
+    """UUID → why, for each GPU that fails its preflight."""
+    out = {}
+    for gpu in gpus:
+        found = findings(gpu, now)
+        if found:
+            out[gpu.uuid] = "; ".join(found)
+    return out

@@ -1,0 +1,66 @@
+"""A GPU's preflight (issue 21 §2): what leaves a free GPU out of an attempt, by NVML's
+reading of it now, and what does not."""
+
+from __future__ import annotations
+
+from gpud.heal.preflight import UNLISTED_MEMORY_BYTES, XID_WINDOW_S, failed, findings
+from gpud.snapshot import GpuProcess, GpuSample, XidRecord, XidSummary
+
+GIB = 2**30
+NOW = 10_000.0
+
+
+def gpu(index: int = 0, **fields: object) -> GpuSample:
+    base: dict[str, object] = {"index": index, "name": "G", "uuid": f"GPU-{index}"}
+    return GpuSample.model_validate({**base, **fields})
+
+
+def xids(*records: tuple[int, float]) -> XidSummary:
+    return XidSummary(total=len(records), recent=[XidRecord(code=c, time=t) for c, t in records])
+
+
+def test_a_healthy_gpu_passes_even_with_the_power_cap_and_idle_clocks() -> None:
+    reading = gpu(
+        clock_event_reasons=["gpu_idle", "sw_power_cap"], memory_used_bytes=600 * 2**20,
+        memory_reserved_bytes=500 * 2**20, processes=[],
+    )  # fmt: skip
+    assert findings(reading, NOW) == []
+
+
+def test_the_hardware_slowing_its_clocks_fails_it_naming_the_reasons() -> None:
+    slowed = gpu(clock_event_reasons=["hw_thermal_slowdown", "sw_power_cap", "hw_slowdown"])
+    assert findings(slowed, NOW) == [
+        "clocks slowed by the hardware (hw_slowdown, hw_thermal_slowdown)"
+    ]
+
+
+def test_a_recent_xid_fails_it_but_not_an_applications_nor_an_old_one() -> None:
+    recent = gpu(xid=xids((92, NOW - 10), (13, NOW - 5)))
+    assert findings(recent, NOW) == ["XID 92 (high single-bit ECC error rate) in the last 5 min"]
+    assert findings(gpu(xid=xids((13, NOW), (31, NOW), (43, NOW), (45, NOW))), NOW) == []
+    assert findings(gpu(xid=xids((92, NOW - XID_WINDOW_S - 1))), NOW) == []
+
+
+def test_memory_no_listed_process_holds_fails_it() -> None:
+    ghost = gpu(
+        memory_used_bytes=9 * GIB, memory_reserved_bytes=GIB // 2,
+        processes=[GpuProcess(pid=7, used_memory_bytes=GIB)],
+    )  # fmt: skip
+    (why,) = findings(ghost, NOW)
+    assert why.startswith("7.5 GiB of its memory is held by no process NVML lists")
+    listed = gpu(
+        memory_used_bytes=9 * GIB, processes=[GpuProcess(pid=7, used_memory_bytes=9 * GIB)]
+    )
+    assert findings(listed, NOW) == []  # a listed process makes it busy, not a failure
+    edge = gpu(memory_used_bytes=UNLISTED_MEMORY_BYTES, processes=[])
+    assert findings(edge, NOW) == []
+    unknown = gpu(memory_used_bytes=9 * GIB, processes=None)  # NVML could not list them
+    assert findings(unknown, NOW) == []
+
+
+def test_failed_maps_each_failing_gpu_to_every_reason() -> None:
+    both = gpu(1, clock_event_reasons=["hw_power_brake_slowdown"], xid=xids((74, NOW)))
+    assert failed([gpu(0), both], NOW) == {
+        "GPU-1": "clocks slowed by the hardware (hw_power_brake_slowdown); XID 74 (NVLink"
+        " error) in the last 5 min"
+    }
