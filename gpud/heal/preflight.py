@@ -19,6 +19,8 @@ Pure functions of a sample and the time.
 
 from __future__ import annotations
 
+import statistics
+
 from gpud.hardware.events import SLOWDOWN_REASONS
 from gpud.heal.rules import meaning
 from gpud.snapshot import GpuSample
@@ -75,3 +77,23 @@ def failed(gpus: list[GpuSample], now: float) -> dict[str, str]:
         if found:
             out[gpu.uuid] = "; ".join(found)
     return out
+
+
+#: A node whose all-reduce with node 0 reaches less than this share of the median of all
+#: pairs is far below its peers.
+SLOW_FRACTION = 0.5
+
+
+def slow_nodes(pairs: dict[int, float]) -> dict[int, str]:
+    """Node rank → why, for each node whose all-reduce with node 0 (`trainers.preflight`'s
+    pairs, bus bandwidth in GB/s) is far below its peers'. Two pairs at least: with one,
+    there are no peers to be below."""
+    if len(pairs) < 2:
+        return {}
+    median = statistics.median(pairs.values())
+    return {
+        rank: f"all-reduce with node 0 at {busbw:.3g} GB/s, under {SLOW_FRACTION:.0%} of"
+        f" its peers' median {median:.3g} GB/s"
+        for rank, busbw in sorted(pairs.items())
+        if busbw < SLOW_FRACTION * median
+    }

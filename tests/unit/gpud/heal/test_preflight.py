@@ -3,7 +3,7 @@ reading of it now, and what does not."""
 
 from __future__ import annotations
 
-from gpud.heal.preflight import UNLISTED_MEMORY_BYTES, XID_WINDOW_S, failed, findings
+from gpud.heal.preflight import UNLISTED_MEMORY_BYTES, XID_WINDOW_S, failed, findings, slow_nodes
 from gpud.snapshot import GpuProcess, GpuSample, XidRecord, XidSummary
 
 GIB = 2**30
@@ -64,3 +64,12 @@ def test_failed_maps_each_failing_gpu_to_every_reason() -> None:
         "GPU-1": "clocks slowed by the hardware (hw_power_brake_slowdown); XID 74 (NVLink"
         " error) in the last 5 min"
     }
+
+
+def test_a_node_far_below_its_peers_all_reduce_is_named() -> None:
+    named = slow_nodes({1: 2.0, 2: 0.4, 3: 1.8})
+    assert named == {
+        2: "all-reduce with node 0 at 0.4 GB/s, under 50% of its peers' median 1.8 GB/s"
+    }
+    assert slow_nodes({1: 2.0, 2: 1.1, 3: 1.8}) == {}  # slower, not far below
+    assert slow_nodes({1: 0.01}) == {}  # one pair: no peers to be below
