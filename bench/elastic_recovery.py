@@ -9,7 +9,8 @@ first step of the 2-node attempt, from the run's own records, and split into:
 
 - detect: the freeze to the `lost` event (lost_after_s and a poll);
 - stop: the lost event to the new attempt's start (stopping what is left, the restart);
-- preflight: inside the new attempt's start-up, once preflight exists (0 before);
+- preflight: the collective check across the new attempt's nodes (`trainers.preflight`),
+  which node 0 runs before it starts the attempt;
 - start-up: the attempt's start to its first step (torch import, rendezvous, the
   checkpoint's load).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import sys
 import tempfile
@@ -114,11 +116,17 @@ def one(elastic: bool) -> dict[str, float]:
                 )
             )
             world = status.attempts[-1].world_size
+            # The collective check runs inside the restart, before the attempt's event.
+            check = next(
+                (e for e in status.events if e.kind == "preflight" and e.time > failed), None
+            )
+            took = re.search(r" in ([\d.]+)s", check.message) if check else None
+            preflight = float(took.group(1)) if took else 0.0
             gpuctl("--node", nodes[0].address, "stop", run_id, "--force", timeout=60)
             return {
                 "detect": failed - began,
-                "stop": started - failed,
-                "preflight": 0.0,
+                "stop": started - failed - preflight,
+                "preflight": preflight,
                 "start-up": trained - started,
                 "total": trained - began,
                 "world": float(world or 0),

@@ -74,6 +74,7 @@ from gpud.protocol import (
     NODE_UNDRAIN,
     NOTIFY_TEST,
     PART_HEALTH,
+    PART_PREFLIGHT,
     PART_RELEASE,
     PART_RESERVE,
     PART_START,
@@ -468,6 +469,7 @@ class Daemon:
             bind(PART_RELEASE, sup.part_release),
             bind(PART_STOP, sup.part_stop),
             bind(PART_STATUS, sup.part_status),
+            bind(PART_PREFLIGHT, sup.part_preflight),
             bind(GANG_STATUS, sup.gang_status),
             bind(PART_HEALTH, queries.part_health),
         ]

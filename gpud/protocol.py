@@ -344,6 +344,30 @@ class PartStatusRequest(Message):
     run_id: str = Field(pattern=RUN_ID_PATTERN)
 
 
+class PartPreflightRequest(Message):
+    """node 0 → node N: run the attempt's collective check (`trainers.preflight`), meeting
+    the others at `master`, as rank `rank` of `world`."""
+
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    attempt: int = Field(ge=1)
+    master: str = Field(max_length=300, description="HOST:PORT of node 0's check")
+    world: int = Field(ge=2, le=4096)
+    rank: int = Field(ge=0, le=4095)
+
+
+class PartPreflight(Reading):
+    """What one node's part of the collective check found."""
+
+    node_rank: int
+    ok: bool
+    error: str | None = Field(None, description="why it failed, or could not run")
+    seconds: float | None = None
+    pairs: dict[int, float] = Field(
+        default_factory=dict, description="node 0's: each check rank's all-reduce, GB/s"
+    )
+    gpu_failures: list[str] = Field(default_factory=list, description="matmul or memory test")
+
+
 class GangStatus(Reading):
     """node 0's answer to one of the run's other nodes (`run.gang.status`): where node 0
     has the run, and the stop it wants of the other parts, if any. A node that was frozen
@@ -631,6 +655,9 @@ PART_RELEASE = Method(
 )
 PART_STOP = Method("run.part.stop", PartStopRequest, AttemptRecord, Role.PEER, "coordinator")
 PART_STATUS = Method("run.part.status", PartStatusRequest, AttemptRecord, Role.PEER, "coordinator")
+PART_PREFLIGHT = Method(
+    "run.part.preflight", PartPreflightRequest, PartPreflight, Role.PEER, "coordinator: check"
+)
 GANG_STATUS = Method(
     "run.gang.status", PartStatusRequest, GangStatus, Role.PEER, "node N: the run as node 0 has it"
 )
@@ -660,6 +687,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         PART_RELEASE,
         PART_STOP,
         PART_STATUS,
+        PART_PREFLIGHT,
         GANG_STATUS,
     )
 }

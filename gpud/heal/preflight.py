@@ -23,6 +23,7 @@ import statistics
 
 from gpud.hardware.events import SLOWDOWN_REASONS
 from gpud.heal.rules import meaning
+from gpud.protocol import PartPreflight
 from gpud.snapshot import GpuSample
 
 #: XIDs an application causes (a bad kernel, a page fault, a killed process): no fault of
@@ -97,3 +98,36 @@ def slow_nodes(pairs: dict[int, float]) -> dict[int, str]:
         for rank, busbw in sorted(pairs.items())
         if busbw < SLOW_FRACTION * median
     }
+
+
+def judge_collective(
+    members: list[int], results: dict[int, PartPreflight]
+) -> tuple[dict[int, str], str]:
+    """What the attempt's collective check found: node rank → why it fails (a GPU that
+    failed its matmul or memory test, a node far below its peers), and a line for the
+    attempt's events. `members[i]` is check rank i, node 0 first; `results` by node rank.
+    A check that could not run is no verdict on anybody."""
+    failing = {
+        node: "its GPU check failed: " + ", ".join(r.gpu_failures)
+        for node, r in sorted(results.items())
+        if r.gpu_failures
+    }
+    own = results.get(0)
+    pairs = {
+        members[rank]: busbw
+        for rank, busbw in (own.pairs if own is not None else {}).items()
+        if 0 < rank < len(members)
+    }
+    for node, why in slow_nodes(pairs).items():
+        failing.setdefault(node, why)
+    took = max((r.seconds or 0.0 for r in results.values()), default=0.0)
+    if pairs:
+        figures = ", ".join(
+            f"node {node} {busbw:.3g} GB/s" for node, busbw in sorted(pairs.items())
+        )
+        line = f"preflight across {len(members)} nodes in {took:.1f}s: all-reduce with node 0: "
+        line += figures
+    else:
+        errors = sorted({r.error for r in results.values() if r.error}) or ["no answer"]
+        line = f"preflight's collective check did not complete ({errors[0]}): no verdict"
+    return failing, line

@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from gpud.client import ClientError, RequestFailed, Unreachable
+from gpud.heal import preflight
 from gpud.keys import KeyPair
 from gpud.protocol import (
     GANG_STATUS,
     PART_HEALTH,
+    PART_PREFLIGHT,
     PART_RELEASE,
     PART_RESERVE,
     PART_START,
@@ -42,6 +44,8 @@ from gpud.protocol import (
     GangStatus,
     Method,
     PartHealth,
+    PartPreflight,
+    PartPreflightRequest,
     PartReleaseRequest,
     PartReserveRequest,
     PartStartRequest,
@@ -127,6 +131,12 @@ class LocalParts(Protocol):
 
     def obey_stop(self, run: RunRecord, req: PartStopRequest) -> None:
         """Stop this node's part as node 0 asked."""
+        ...
+
+    async def run_preflight(
+        self, run: RunRecord, spec: RunSpec, attempt: int, master: str, world: int, rank: int
+    ) -> PartPreflight:
+        """This node's part of the attempt's collective check; never raises."""
         ...
 
 
@@ -644,6 +654,8 @@ class Gang:
         self._queue_tried.pop(run.id, None)
         own = self.book.part(run.id)
         master_addr = own.record.master_addr if own else master_host(spec, run.nodes)
+        if spec.preflight and len(members) > 1:
+            members, words = await self._preflight(run, spec, attempt, members, words, master_addr)
         try:
             port = pick_port(self.book.store.leased_ports())
         except NoFreePort as exc:
@@ -754,6 +766,56 @@ class Gang:
                 run, "attempt", f"node {rank} left out of attempt {attempt}: {why}", "warning"
             )
         return None, members, words
+
+    async def _preflight(
+        self,
+        run: RunRecord,
+        spec: RunSpec,
+        attempt: int,
+        members: list[int],
+        words: str,
+        master_addr: str,
+    ) -> tuple[list[int], str]:
+        """The attempt's collective check on its nodes (`trainers.preflight`): a node far
+        below its peers, or with a GPU that failed its check, is left out of an elastic
+        attempt if enough are left; otherwise it is named and the attempt starts as it is."""
+        try:
+            master = f"{master_addr}:{pick_port(self.book.store.leased_ports())}"
+        except NoFreePort:
+            return members, words
+
+        def ask(rank: int) -> PartPreflightRequest:
+            return PartPreflightRequest(
+                run_id=run.id, attempt=attempt, master=master, world=len(members),
+                rank=members.index(rank),
+            )  # fmt: skip
+
+        own, replies = await asyncio.gather(
+            self.local.run_preflight(run, spec, attempt, master, len(members), 0),
+            self._call(run, members[1:], PART_PREFLIGHT, ask),
+        )
+        results = {0: own, **{r: v for r, v in replies.items() if isinstance(v, PartPreflight)}}
+        failing, line = preflight.judge_collective(members, results)
+        self.book.event(run, "preflight", line, "warning" if failing else "info")
+        if not failing:
+            return members, words
+        if spec.elastic is not None and 0 not in failing:
+            kept = {m for m in members if m not in failing}
+            chosen, chosen_words = elastic.choose_members(run, spec, kept)
+            if chosen is not None:
+                await self._give_back(run, attempt, [m for m in members if m not in chosen])
+                for node, why in sorted(failing.items()):
+                    self.book.event(
+                        run, "attempt", f"node {node} left out of attempt {attempt}: it failed"
+                        f" its preflight: {why}", "warning",
+                    )  # fmt: skip
+                return chosen, chosen_words
+        for node, why in sorted(failing.items()):
+            self.book.event(
+                run, "preflight", f"node {node} failed its preflight ({why}); attempt"
+                f" {attempt} starts with it: too few nodes would be left", "warning",
+            )  # fmt: skip
+        return members, words
 
     async def _give_back(
         self, run: RunRecord, attempt: int, ranks: list[int], local: bool = False

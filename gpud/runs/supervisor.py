@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpud.auth import Caller, PeerKeys
+from gpud.heal import collective
 from gpud.ingest import Ingest
 from gpud.keys import KeyPair
 from gpud.patterns.extract import MetricExtractor
@@ -34,6 +35,8 @@ from gpud.protocol import (
     LaunchRequest,
     NodeRefIn,
     PartPlan,
+    PartPreflight,
+    PartPreflightRequest,
     PartReleaseRequest,
     PartReservation,
     PartReserveRequest,
@@ -654,6 +657,27 @@ class Supervisor:
             )
         else:
             self.stop_part(run, force=req.force, reason=req.reason)
+
+    async def part_preflight(self, req: PartPreflightRequest, caller: Caller) -> PartPreflight:
+        """`run.part.preflight`: node 0 asks this node to run its part of the check."""
+        run = self.book.find(req.run_id)
+        check_coordinator(run, caller)
+        spec = _spec_of(run)
+        return await self.run_preflight(run, spec, req.attempt, req.master, req.world, req.rank)
+
+    async def run_preflight(
+        self, run: RunRecord, spec: RunSpec, attempt: int, master: str, world: int, rank: int
+    ) -> PartPreflight:
+        """This node's part of the attempt's collective check (`gpud.heal.collective`),
+        on the GPUs the attempt reserved here, with the run's interpreter."""
+        python = spec.python or _interpreter()
+        if python == _interpreter() and not collective.torch_here():
+            why = f"no torch for {python}: the check cannot run"
+            return PartPreflight(node_rank=run.node_rank, ok=False, error=why)
+        gpus = [g.index for g in self.leases.held(run.id, attempt)]
+        real = gpus and not self.leases.hardware().simulated
+        backend = "nccl" if real and spec.backend != "gloo" else "gloo"
+        return await collective.run_check(python, run.node_rank, master, world, rank, backend, gpus)
 
     def gang_status(self, req: PartStatusRequest, caller: Caller) -> GangStatus:
         """`run.gang.status`: one of the run's other nodes asks where node 0 has it."""

@@ -204,6 +204,42 @@ def test_a_node_whose_gpu_fails_its_preflight_is_left_out_of_the_next_attempt(
     nothing_left(run_id, timeout=30)
 
 
+def test_a_node_slow_in_the_preflights_all_reduce_is_left_out_of_the_next_attempt(
+    daemons: Daemons, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21 §2: before each attempt node 0 starts, the nodes run the collective check
+    (`trainers.preflight`): node 2, made slow by the test hook in its daemon's environment,
+    reads far below its peers in its all-reduce with node 0 and is left out of the elastic
+    attempt, saying why; the check's figures are an event of the run."""
+    nodes = []
+    for i in range(3):
+        with monkeypatch.context() as env:
+            if i == 2:
+                env.setenv("GPUD_TEST_SLOW_PREFLIGHT_S", "0.05")
+            nodes.append(daemons(node=f"n{i}", simulate_gpus=None))
+    run_id = launch(
+        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
+        nodes=tuple(n.address for n in nodes),
+    )  # fmt: skip
+    wait_for_step(nodes[0], run_id, 25)
+    resized = gpuctl("--node", nodes[0].address, "resize", run_id, timeout=120)
+    assert resized.returncode == 0, resized.stderr
+    s = status(nodes[0], run_id)
+    checks = [e.message for e in s.events if e.kind == "preflight"]
+    print("\n".join(checks))
+    assert checks and checks[0].startswith("preflight across 3 nodes in "), checks
+    assert "all-reduce with node 0: node 1 " in checks[0] and ", node 2 " in checks[0]
+    left = [e.message for e in s.events if "left out of attempt 2" in e.message]
+    assert len(left) == 1, left
+    assert left[0].startswith("node 2 left out of attempt 2: it failed its preflight:"), left
+    assert "under 50% of its peers' median" in left[0], left
+    assert (s.run.attempt, s.run.members) == (2, [0, 1]), s.run
+    wait_for_step(nodes[0], run_id, 45)  # it trains on, on two nodes
+    stopped = gpuctl("--node", nodes[0].address, "stop", run_id, "--force", timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    nothing_left(run_id, timeout=30)
+
+
 def test_bad_elastic_specs_are_one_line(daemons: Daemons) -> None:
     node = daemons()
     spec = "config/examples/cpu-ddp.yaml"

@@ -132,6 +132,7 @@ def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
         "run.part.health",
         "run.part.reserve",
         "run.part.release",
+        "run.part.preflight",
         "run.gang.status",  # node N asks node 0 (issue 26 §1)
     }
     assert METHODS["node.info"].request is Empty
