@@ -799,23 +799,22 @@ class Gang:
         self.book.event(run, "preflight", line, "warning" if failing else "info")
         if not failing:
             return members, words
+        chosen, chosen_words = None, words
         if spec.elastic is not None and 0 not in failing:
             kept = {m for m in members if m not in failing}
             chosen, chosen_words = elastic.choose_members(run, spec, kept)
-            if chosen is not None:
-                await self._give_back(run, attempt, [m for m in members if m not in chosen])
-                for node, why in sorted(failing.items()):
-                    self.book.event(
-                        run, "attempt", f"node {node} left out of attempt {attempt}: it failed"
-                        f" its preflight: {why}", "warning",
-                    )  # fmt: skip
-                return chosen, chosen_words
         for node, why in sorted(failing.items()):
-            self.book.event(
-                run, "preflight", f"node {node} failed its preflight ({why}); attempt"
-                f" {attempt} starts with it: too few nodes would be left", "warning",
-            )  # fmt: skip
-        return members, words
+            if chosen is not None:
+                kind, text = "attempt", f"node {node} left out of attempt {attempt}: it failed"
+                text += f" its preflight: {why}"
+            else:
+                kind, text = "preflight", f"node {node} failed its preflight ({why}); attempt"
+                text += f" {attempt} starts with it: too few nodes would be left"
+            self.book.event(run, kind, text, "warning")
+        if chosen is None:
+            return members, words
+        await self._give_back(run, attempt, [m for m in members if m not in chosen])
+        return chosen, chosen_words
 
     async def _give_back(
         self, run: RunRecord, attempt: int, ranks: list[int], local: bool = False
