@@ -39,8 +39,13 @@ async def test_gputop_drains_a_gpu_and_the_node_and_puts_them_back(
         await pilot.press("ctrl+u", *"swap the fan", "enter")
         await settle(pilot, lambda: holds() == ([2], False), 10, "GPU 2 drained")
         await settle(pilot, lambda: "GPU 2 drained by" in screen_text(app), 10, "the header")
-        text = screen_text(app)
-        assert "swap the fan" in text and "DRAIN" in text
+        # The header and the table's row come from different refreshes: wait for both.
+        await settle(
+            pilot,
+            lambda: "swap the fan" in (text := screen_text(app)) and "DRAIN" in text,
+            10,
+            "the reason and the row's DRAIN",
+        )
 
         await pilot.press("D")
         await pilot.pause(0.5)
