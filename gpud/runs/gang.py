@@ -24,12 +24,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from gpud.client import ClientError, RequestFailed, Unreachable
 from gpud.heal import preflight
+from gpud.heal.collective import CHECK_TIMEOUT_S
 from gpud.keys import KeyPair
 from gpud.protocol import (
     GANG_STATUS,
@@ -790,11 +793,34 @@ class Gang:
                 rank=members.index(rank),
             )  # fmt: skip
 
-        own, replies = await asyncio.gather(
-            self.local.run_preflight(run, spec, attempt, master, len(members), 0),
-            self._call(run, members[1:], PART_PREFLIGHT, ask),
-        )
-        results = {0: own, **{r: v for r, v in replies.items() if isinstance(v, PartPreflight)}}
+        # Each node's call waits for its check (seconds): on links and threads of its own,
+        # one per node at once (they meet in one rendezvous), so neither the peer links
+        # that polls use nor the loop's default executor wait behind them.
+        pool = ThreadPoolExecutor(max_workers=len(members) - 1, thread_name_prefix="preflight")
+
+        async def remote(rank: int) -> PartPreflight | None:
+            link = PeerLink(run.nodes[rank], self.keys)
+            call = partial(link.call, PART_PREFLIGHT, ask(rank), CHECK_TIMEOUT_S + 5.0)
+            try:
+                reply = await asyncio.get_running_loop().run_in_executor(pool, call)
+                return reply if isinstance(reply, PartPreflight) else None
+            except ClientError as exc:
+                log.info("run %s: node %d's preflight: %s", run.id, rank, exc)
+                return None
+            finally:
+                link.close()
+
+        try:
+            own, *others = await asyncio.gather(
+                self.local.run_preflight(run, spec, attempt, master, len(members), 0),
+                *(remote(rank) for rank in members[1:]),
+            )
+        finally:
+            pool.shutdown(wait=False)
+        results: dict[int, PartPreflight] = {0: own} if own is not None else {}
+        for rank, found in zip(members[1:], others, strict=True):
+            if found is not None:
+                results[rank] = found
         failing, line = preflight.judge_collective(members, results)
         self.book.event(run, "preflight", line, "warning" if failing else "info")
         if not failing:

@@ -31,10 +31,13 @@ class PeerLink:
         self._client: Client | None = None
         self._down_until = 0.0
 
-    def call(self, method: Method[RequestT, ReplyT], body: RequestT) -> ReplyT:
+    def call(
+        self, method: Method[RequestT, ReplyT], body: RequestT, timeout_s: float | None = None
+    ) -> ReplyT:
         """One request; raises ClientError. Thread-safe (one call at a time per peer): a
         call waits at most PEER_TIMEOUT_S for the one before it, and one made within DOWN_S
-        of an unanswered call fails at once, as `Unreachable`."""
+        of an unanswered call fails at once, as `Unreachable`. `timeout_s`: for a call
+        that waits on purpose (the preflight's check), on a link of its own."""
         label = self.ref.name or self.ref.control
         if time.monotonic() < self._down_until:
             raise Unreachable(f"{label} did not answer {DOWN_S:g}s ago; not asked again yet")
@@ -49,7 +52,7 @@ class PeerLink:
                 )
                 self._client = Client(target, keys=self._keys, timeout_s=PEER_TIMEOUT_S)
             try:
-                return self._client.call(method, body)
+                return self._client.call(method, body, timeout_s)
             except ClientError as exc:
                 # A fresh connection next time: the peer may have restarted.
                 self._client.close()
