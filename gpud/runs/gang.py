@@ -347,13 +347,18 @@ class Gang:
         self._errand(self._ask_coordinator(run, run.coordinator, own.record.attempt))
 
     async def _ask_coordinator(self, run: RunRecord, node0: NodeRef, attempt: int) -> None:
+        # A link of its own, closed after the one call: a connection kept open to a node 0
+        # that dies and comes back (refusing this key until it has re-adopted the run)
+        # piles up handshake events nobody reads, and once froze this daemon's shutdown.
+        link = PeerLink(node0, self.keys)
         try:
             request = PartStatusRequest(run_id=run.id)
-            status = await asyncio.to_thread(self._link(node0).call, GANG_STATUS, request)
+            status = await asyncio.to_thread(link.call, GANG_STATUS, request)
         except ClientError as exc:  # node 0 restarting, or an older gpud: nothing changes
             log.debug("run %s: node 0 did not say where the run stands: %s", run.id, exc)
             return
         finally:
+            await asyncio.to_thread(link.close)
             self._watch.answered(run.id)
         stop = stop_for(status, attempt)
         current = self.book.get(run.id)
