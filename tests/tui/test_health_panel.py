@@ -67,6 +67,16 @@ async def run_screen(fleet: FleetModel) -> str:
         return screen_text(gputop)
 
 
+async def runs_row(fleet: FleetModel) -> str:
+    """The run's row in gputop's runs table."""
+    gputop = GpuTop(fleet, refresh_s=3600)
+    async with gputop.run_test(size=(120, 40)) as pilot:
+        await pilot.press("colon", *"runs", "enter")
+        await pilot.pause()
+        runs = screen_text(gputop)
+    return next(line for line in runs.splitlines() if line.startswith(RUN))
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("state", "reason", "shown"),
@@ -117,12 +127,7 @@ async def test_a_failed_run_shows_its_cause_and_the_lines_around_it() -> None:
     assert "rank 1, node n1, step 7, attempt 1,\n" in panel and "from the error file" in panel
     assert '│   File "train.py", line 31, in main' in panel
     assert "│ ValueError: bad shard 17" in panel
-    gputop = GpuTop(fleet, refresh_s=3600)
-    async with gputop.run_test(size=(120, 40)) as pilot:
-        await pilot.press("colon", *"runs", "enter")
-        await pilot.pause()
-        runs = screen_text(gputop)
-    row = next(line for line in runs.splitlines() if line.startswith(RUN))
+    row = await runs_row(fleet)
     assert " user " in row, row  # the class where a live run shows its verdict
 
 
@@ -167,10 +172,5 @@ async def test_a_run_without_heartbeats_shows_so_in_place_of_ok() -> None:
     panel = " ".join(line.split("▏", 1)[1].strip() for line in text.splitlines() if "▏" in line)
     assert "NO HEARTBEATS" in panel and " OK " not in panel, text
     assert "judged from its output; last output 0.4s ago" in panel, text
-    gputop = GpuTop(fleet, refresh_s=3600)
-    async with gputop.run_test(size=(120, 40)) as pilot:
-        await pilot.press("colon", *"runs", "enter")
-        await pilot.pause()
-        runs = screen_text(gputop)
-    row = next(line for line in runs.splitlines() if line.startswith(RUN))
+    row = await runs_row(fleet)
     assert " no beats " in row and " ok " not in row, row
