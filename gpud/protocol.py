@@ -263,6 +263,11 @@ class LaunchRequest(Message):
     nodes: list[NodeRefIn] = Field(min_length=1, max_length=4096)
     dry_run: bool = False
     queue: bool = Field(False, description="wait in the queue when the GPUs are busy")
+    start_by_call: bool = Field(
+        False,
+        description="a run of several nodes starts when gpuctl says every node joined"
+        " (run.start), after its preflight; without it node 0's part starts at once",
+    )
 
     def audited(self) -> dict[str, Any]:
         return _redact_spec(super().audited())
@@ -284,6 +289,11 @@ class JoinRequest(Message):
     )
     standby: bool = Field(
         False, description="a spare (elastic.spares): join, and start nothing until node 0 asks"
+    )
+    hold: bool = Field(
+        False,
+        description="with queued_at: its GPUs must be free now (not queued), but node 0"
+        " starts its part (run.start, after the preflight)",
     )
 
     def audited(self) -> dict[str, Any]:
@@ -366,6 +376,9 @@ class PartPreflight(Reading):
         default_factory=dict, description="node 0's: each check rank's all-reduce, GB/s"
     )
     gpu_failures: list[str] = Field(default_factory=list, description="matmul or memory test")
+    failed_gpus: list[int] = Field(
+        default_factory=list, description="the GPUs (this node's indices) that failed it"
+    )
 
 
 class GangStatus(Reading):
@@ -399,6 +412,13 @@ class ResumeRequest(RunRef):
         max_length=4096,
         description="start from this checkpoint (absolute path), not the run's latest",
     )
+
+
+class RunStartRequest(RunRef):
+    """gpuctl → node 0: every node joined the run launched with `start_by_call`: start its
+    first attempt (the preflight first), or queue it with `queue`."""
+
+    queue: bool = Field(False, description="wait in the queue when the GPUs are busy")
 
 
 class ListRequest(Message):
@@ -510,6 +530,9 @@ class LaunchReply(Reading):
     plan: PartPlan | None = None
     warnings: list[str] = Field(
         default_factory=list, description="what in the spec will not work as meant: one line each"
+    )
+    start_by_call: bool = Field(
+        False, description="node 0 waits for run.start once every node joined"
     )
 
 
@@ -636,6 +659,9 @@ RUN_LAUNCH = Method("run.launch", LaunchRequest, LaunchReply, Role.OPERATOR, "cr
 RUN_JOIN = Method("run.join", JoinRequest, JoinReply, Role.OPERATOR, "start this node's part")
 RUN_STOP = Method("run.stop", StopRequest, RunSummary, Role.OPERATOR, "stop a run")
 RUN_RESUME = Method("run.resume", ResumeRequest, RunSummary, Role.OPERATOR, "new attempt")
+RUN_START = Method(
+    "run.start", RunStartRequest, LaunchReply, Role.OPERATOR, "first attempt, once all joined"
+)
 RUN_LIST = Method("run.list", ListRequest, RunList, Role.VIEWER, "runs with a part here")
 RUN_STATUS = Method("run.status", RunRef, RunStatus, Role.VIEWER, "one run in detail")
 RUN_LOGS = Method("run.logs", LogsRequest, LogChunk, Role.VIEWER, "captured output of a part")
@@ -676,6 +702,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         RUN_JOIN,
         RUN_STOP,
         RUN_RESUME,
+        RUN_START,
         RUN_LIST,
         RUN_STATUS,
         RUN_LOGS,

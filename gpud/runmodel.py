@@ -372,6 +372,16 @@ class RunRecord(Reading):
     grad_accum: int | None = Field(
         None, description="gradient accumulation for the current attempt, when elastic set it"
     )
+    bandwidth: dict[int, list[float]] = Field(
+        default_factory=dict,
+        description="node rank → its preflight all-reduces with node 0 (GB/s), the last few"
+        " attempts': the node's baseline in this run",
+    )
+    awaiting_start: bool = Field(
+        False,
+        description="launched: node 0 starts its first attempt once gpuctl says every"
+        " node joined (run.start), after the preflight",
+    )
 
     @property
     def queue_key(self) -> tuple[float, str]:
@@ -401,6 +411,8 @@ class RunChanges(TypedDict, total=False):
     attached: Attachment | None
     members: list[int] | None
     grad_accum: int | None
+    bandwidth: dict[int, list[float]]
+    awaiting_start: bool
 
 
 class RunEvent(Reading):

@@ -17,7 +17,10 @@ It imports torch (it runs under the run's interpreter, never inside gpud's daemo
 ends with `os._exit`, after a barrier, as gloo ranks must.
 
 Test hook: `GPUD_TEST_SLOW_PREFLIGHT_S` makes this process wait that long before each of
-its all-reduces: its pair with node 0 reads slow.
+its all-reduces: its pair with node 0 reads slow (`@PATH`: the seconds are read from that
+file, so a test can slow a node between attempts). `GPUD_TEST_BAD_GPU_CHECK=N` makes GPU N
+of the node (as `CUDA_VISIBLE_DEVICES` names it) fail its matmul check, when it is visible,
+on a machine with no GPU too.
 """
 
 from __future__ import annotations
@@ -34,6 +37,31 @@ WARMUP = 2
 ITERS = 5
 ROUNDS = 3
 SLOW_ENV = "GPUD_TEST_SLOW_PREFLIGHT_S"
+BAD_GPU_ENV = "GPUD_TEST_BAD_GPU_CHECK"
+
+
+def pretend_bad_gpu(found: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
+    """The test hook: GPU `gpu` of the node, if visible here, fails its matmul check."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    if gpu not in visible:
+        return found
+    index = visible.index(gpu)
+    by_index = {g["index"]: g for g in found}
+    by_index[index] = {**by_index.get(index, {"index": index, "memory_ok": True})}
+    by_index[index]["matmul_ok"] = False
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def slow_seconds() -> float:
+    """The slow-down test hook's seconds (0 without it)."""
+    value = os.environ.get(SLOW_ENV, "") or "0"
+    if value.startswith("@"):
+        try:
+            with open(value[1:]) as file:
+                value = file.read().strip() or "0"
+        except OSError:
+            return 0.0
+    return float(value)
 
 
 def pair_bandwidth(group: Any, size_bytes: int, on_gpu: bool, slow_s: float) -> float:
@@ -118,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
     on_gpu = args.backend == "nccl" and torch.cuda.is_available()
     report: dict[str, Any] = {"rank": args.rank, "gpus": gpu_checks() if on_gpu else []}
+    if os.environ.get(BAD_GPU_ENV):
+        report["gpus"] = pretend_bad_gpu(report["gpus"], os.environ[BAD_GPU_ENV])
     if on_gpu:
         torch.cuda.set_device(0)
     dist.init_process_group(
@@ -128,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=timedelta(seconds=args.timeout_s),
     )
     size = int((args.mb or (64 if on_gpu else 4)) * 2**20)
-    slow_s = float(os.environ.get(SLOW_ENV, "0") or 0)
+    slow_s = slow_seconds()
     pairs: dict[str, float] = {}
     groups = {peer: dist.new_group([0, peer]) for peer in range(1, args.world)}  # all ranks
     for _round in range(ROUNDS):  # the best of a few rounds: a busy moment is not the link

@@ -73,14 +73,17 @@ async def run_check(
     try:
         report = json.loads(lines[-1])
         pairs = {int(k): float(v) for k, v in report.get("pairs", {}).items()}
-        bad = [
-            f"GPU {g['index']}: " + ("wrong matmul result" if not g["matmul_ok"] else "memory test")
+        failed = {  # the check sees CUDA_VISIBLE_DEVICES' order: back to this node's index
+            gpus[g["index"]] if g["index"] < len(gpus) else g["index"]: (
+                "wrong matmul result" if not g["matmul_ok"] else "memory test failed"
+            )
             for g in report.get("gpus", [])
             if not (g.get("matmul_ok") and g.get("memory_ok"))
-        ]
+        }
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return PartPreflight(node_rank=node_rank, ok=False, error=f"unreadable report: {exc}")
+    bad = [f"GPU {index}: {why}" for index, why in sorted(failed.items())]
     return PartPreflight(
         node_rank=node_rank, ok=not bad, seconds=seconds, pairs=pairs, gpu_failures=bad,
-        error="; ".join(bad) or None,
+        failed_gpus=sorted(failed), error="; ".join(bad) or None,
     )  # fmt: skip

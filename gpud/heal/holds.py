@@ -80,18 +80,21 @@ class Holds:
             if gpu.uuid in self._gpus and self._gpus[gpu.uuid][1].kind == "quarantine":
                 continue
             why = rules.unsafe(before, gpu, since)
-            if why is None:
-                continue
-            hold = Hold(kind="quarantine", reason=why, since=snapshot.time)
-            self._put(gpu.uuid, gpu.index, hold)
-            message = f"GPU {gpu.index} ({gpu.uuid}) quarantined: {why}; it gets no new work"
-            log.warning("%s", message)
-            event = NodeEvent(
-                node=self.node, time=snapshot.time, kind="quarantine", severity="critical",
-                gpu_index=gpu.index, message=message, data={"uuid": gpu.uuid, "reason": why},
-            )  # fmt: skip
-            found.append((gpu, hold, event))
+            if why is not None:
+                found.append((gpu, *self.quarantine(gpu, why, snapshot.time)))
         return found
+
+    def quarantine(self, gpu: GpuSample, why: str, now: float) -> tuple[Hold, NodeEvent]:
+        """Quarantine one GPU (what a sample showed, or a failed preflight check)."""
+        hold = Hold(kind="quarantine", reason=why, since=now)
+        self._put(gpu.uuid, gpu.index, hold)
+        message = f"GPU {gpu.index} ({gpu.uuid}) quarantined: {why}; it gets no new work"
+        log.warning("%s", message)
+        event = NodeEvent(
+            node=self.node, time=now, kind="quarantine", severity="critical",
+            gpu_index=gpu.index, message=message, data={"uuid": gpu.uuid, "reason": why},
+        )  # fmt: skip
+        return hold, event
 
     # ------------------------------------------------------------------ an operator's
 

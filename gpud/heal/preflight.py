@@ -100,24 +100,49 @@ def slow_nodes(pairs: dict[int, float]) -> dict[int, str]:
     }
 
 
+#: How many of a node's earlier figures in a run make its baseline (their median).
+BASELINE_KEEP = 5
+
+
+def below_baseline(pairs: dict[int, float], history: dict[int, list[float]]) -> dict[int, str]:
+    """Node rank → why, for each node whose all-reduce with node 0 now is far below the
+    median of its own earlier attempts' figures in this run (`history`): a node alone with
+    node 0 (a 2-node run) has no peers to be below, but it has its past."""
+    named = {}
+    for rank, busbw in sorted(pairs.items()):
+        past = history.get(rank) or []
+        if past and busbw < SLOW_FRACTION * (baseline := statistics.median(past)):
+            named[rank] = (
+                f"all-reduce with node 0 at {busbw:.3g} GB/s, under {SLOW_FRACTION:.0%} of its"
+                f" baseline {baseline:.3g} GB/s (its earlier attempts in this run)"
+            )
+    return named
+
+
+def with_figures(
+    history: dict[int, list[float]], pairs: dict[int, float]
+) -> dict[int, list[float]]:
+    """The run's bandwidth history with this attempt's figures added (the last few kept)."""
+    merged = {rank: list(past) for rank, past in history.items()}
+    for rank, busbw in pairs.items():
+        merged[rank] = [*merged.get(rank, []), busbw][-BASELINE_KEEP:]
+    return merged
+
+
 def judge_collective(
     members: list[int], results: dict[int, PartPreflight]
 ) -> tuple[dict[int, str], str]:
     """What the attempt's collective check found: node rank → why it fails (a GPU that
     failed its matmul or memory test, a node far below its peers), and a line for the
     attempt's events. `members[i]` is check rank i, node 0 first; `results` by node rank.
-    A check that could not run is no verdict on anybody."""
+    A check that could not run is no verdict on anybody. (`below_baseline` is the other
+    verdict, on a node's own past: it names a node, and leaves it in.)"""
     failing = {
         node: "its GPU check failed: " + ", ".join(r.gpu_failures)
         for node, r in sorted(results.items())
         if r.gpu_failures
     }
-    own = results.get(0)
-    pairs = {
-        members[rank]: busbw
-        for rank, busbw in (own.pairs if own is not None else {}).items()
-        if 0 < rank < len(members)
-    }
+    pairs = node_pairs(members, results)
     for node, why in slow_nodes(pairs).items():
         failing.setdefault(node, why)
     took = max((r.seconds or 0.0 for r in results.values()), default=0.0)
@@ -131,3 +156,13 @@ def judge_collective(
         errors = sorted({r.error for r in results.values() if r.error}) or ["no answer"]
         line = f"preflight's collective check did not complete ({errors[0]}): no verdict"
     return failing, line
+
+
+def node_pairs(members: list[int], results: dict[int, PartPreflight]) -> dict[int, float]:
+    """Node 0's figures by node rank (the check numbers its ranks in `members`' order)."""
+    own = results.get(0)
+    return {
+        members[rank]: busbw
+        for rank, busbw in (own.pairs if own is not None else {}).items()
+        if 0 < rank < len(members)
+    }

@@ -44,6 +44,7 @@ class Healing:
         #: Parts stopped because a GPU of theirs was quarantined: run → (attempt, cause).
         self._causes: dict[str, tuple[int, FailureCause]] = {}
         supervisor.explain.append(self._blame)
+        supervisor.bad_gpus.append(self._failed_check)
 
     def observe(self, snapshot: NodeSnapshot) -> tuple[NodeSnapshot, list[NodeEvent]]:
         """Quarantine what this sample shows unsafe, stop the runs on it; the snapshot
@@ -53,6 +54,28 @@ class Healing:
             events.append(event)
             self._stop_runs_on(gpu.index, gpu.uuid, hold)
         return self.holds.annotate(snapshot), events
+
+    def _failed_check(self, run: RunRecord, failed: dict[int, str]) -> None:
+        """GPUs of this node failed a preflight's matmul or memory check: quarantined (the
+        attempt that checked them has not started; node 0 leaves this node out or starts
+        nothing, and the next attempt leases other GPUs)."""
+        latest = self._latest()
+        by_index = {g.index: g for g in latest.gpus}
+        events = []
+        for index, why in sorted(failed.items()):
+            gpu = by_index.get(index)
+            current = self.holds.gpu_hold(gpu.uuid) if gpu is not None else None
+            if gpu is None or (current is not None and current.kind == "quarantine"):
+                continue
+            reason = f"failed the preflight of run {run.id}: {why}"
+            _hold, event = self.holds.quarantine(gpu, reason, self.supervisor.clock())
+            events.append(event)
+            self.supervisor.book.event(
+                run, "quarantine", f"GPU {index} ({gpu.uuid}) quarantined: {why}", "critical"
+            )
+        if events:
+            self._replace_latest(self.holds.annotate(latest))
+            self._emit(events)
 
     def _stop_runs_on(self, index: int, uuid: str, hold: Hold) -> list[str]:
         """A GPU was quarantined: stop every part on it, with its checkpoint handshake, as

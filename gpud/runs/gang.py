@@ -93,6 +93,8 @@ ORPHAN_WATCH_S = 3600.0
 FAILED_KILL_GRACE_S = 2.0
 #: How often node 0 tries again to start a queued run.
 QUEUE_RETRY_S = 1.0
+#: A run launched to wait for gpuctl's run.start is cancelled if none came by then.
+AWAIT_START_S = 300.0
 #: A hung run's ranks get this long to write their flight-recorder dumps before SIGTERM.
 HANG_DUMP_WAIT_S = 1.0
 
@@ -296,6 +298,11 @@ class Gang:
         for run in self.book.runs():
             if not run.is_coordinator:
                 self._watch_coordinator(run, now, woke)
+                continue
+            if run.awaiting_start:  # gpuctl is joining the nodes; its run.start starts it
+                if self.book.clock() - run.state_since > AWAIT_START_S and self._idle(run.id):
+                    why = f"no run.start came within {AWAIT_START_S:.0f}s of the launch"
+                    self._background(run.id, self._never_started(run.id, why))
                 continue
             if run.state is RunState.QUEUED:
                 tried = self._queue_tried.get(run.id, 0.0)
@@ -578,6 +585,14 @@ class Gang:
                 return
             log.error("run %s: restart failed: %s", run.id, exc.message)
 
+    async def _never_started(self, run_id: str, why: str) -> None:
+        """gpuctl launched the run and never said every node joined (it died, or lost node
+        0): the run leaves every node's queue rather than wait for good."""
+        run = self.book.get(run_id)
+        if run is not None and run.awaiting_start and run.state is RunState.QUEUED:
+            self.book.event(run, "stop", f"cancelled: {why}", "warning")
+            await self.cancel(self.book.update(run.id, awaiting_start=False), why)
+
     async def _start_queued(self, run_id: str) -> None:
         run = self.book.get(run_id)
         if run is None or run.state is not RunState.QUEUED:
@@ -828,12 +843,27 @@ class Gang:
                 results[rank] = found
         failing, line = preflight.judge_collective(members, results)
         self.book.event(run, "preflight", line, "warning" if failing else "info")
+        pairs = preflight.node_pairs(members, results)
+        for node, why in preflight.below_baseline(pairs, run.bandwidth).items():
+            if node not in failing:  # named; it stays in (a busy host can halve a figure)
+                self.book.event(run, "preflight", f"node {node}: {why}", "warning")
+        if pairs:
+            run = self.book.update(run.id, bandwidth=preflight.with_figures(run.bandwidth, pairs))
         if not failing:
             return members, words
         chosen, chosen_words = None, words
         if spec.elastic is not None and 0 not in failing:
             kept = {m for m in members if m not in failing}
             chosen, chosen_words = elastic.choose_members(run, spec, kept)
+        bad_gpus = {n: failing[n] for n, r in results.items() if r.gpu_failures}
+        if chosen is None and bad_gpus:  # never started on a GPU that failed its check
+            await self._release(run, attempt)
+            what = "; ".join(f"node {n}: {why}" for n, why in sorted(bad_gpus.items()))
+            raise ProtocolError(
+                ErrorCode.UNAVAILABLE,
+                f"attempt {attempt} did not start: {what} (quarantined: the next attempt"
+                " leases other GPUs)",
+            )
         for node, why in sorted(failing.items()):
             if chosen is not None:
                 kind, text = "attempt", f"node {node} left out of attempt {attempt}: it failed"

@@ -45,6 +45,7 @@ from gpud.protocol import (
     PartStopRequest,
     ProtocolError,
     ResumeRequest,
+    RunStartRequest,
     RunSummary,
     StopRequest,
     run_topic,
@@ -153,6 +154,10 @@ class Supervisor:
         #: What else may explain a part's end before it is recorded (gpud.heal's
         #: quarantine): each takes the outcome and returns it, or a better one.
         self.explain: list[Callable[[RunRecord, Part, Outcome], Outcome]] = []
+        #: Who hears of GPUs here that failed a preflight's check (gpud.heal quarantines
+        #: them): the run, and GPU index → what failed.
+        self.bad_gpus: list[Callable[[RunRecord, dict[int, str]], None]] = []
+        self._starting: set[str] = set()  # runs whose run.start is under way
         self._last_stop_sent: dict[str, float] = {}
         self._hangs: dict[str, int] = {}  # run → the attempt already stopped as hung
         self._last_pids: dict[str, float] = {}
@@ -454,7 +459,7 @@ class Supervisor:
             if not queue or exc.code is not ErrorCode.UNAVAILABLE:
                 raise
             return self._queue(run, master_addr, caller, exc.message, warnings)
-        if queue and len(nodes) > 1:
+        if queue and len(nodes) > 1 and not req.start_by_call:
             # Node 0 starts it once every node joined and can give its part (all or none).
             why = "waiting for every node to join"
             return self._queue(run, master_addr, caller, why, warnings)
@@ -471,6 +476,11 @@ class Supervisor:
                 plan=self._plan(run, spec, place),
                 warnings=warnings,
             )
+        if req.start_by_call and len(nodes) > 1:
+            # Every node joins first; gpuctl's run.start then starts the first attempt as
+            # node 0 starts any other: reserved everywhere, the preflight, then the parts.
+            why = "waiting for every node to join; node 0 starts it then"
+            return self._queue(run, master_addr, caller, why, warnings, awaiting_start=True)
         self.store.lease_port(port, run_id, 1, self.clock())
         run = self.book.add(run)
         self._trust_members(run)
@@ -484,16 +494,65 @@ class Supervisor:
         )
 
     def _queue(
-        self, run: RunRecord, master_addr: str, caller: Caller, why: str, warnings: list[str]
+        self,
+        run: RunRecord,
+        master_addr: str,
+        caller: Caller,
+        why: str,
+        warnings: list[str],
+        awaiting_start: bool = False,
     ) -> LaunchReply:
-        """A launch that waits: queued here (and, as gpuctl joins them, on the other nodes)."""
-        run = self.book.add(run.model_copy(update={"queued_at": run.created_at}))
+        """A launch that waits: queued here (and, as gpuctl joins them, on the other nodes);
+        with `awaiting_start`, until gpuctl's `run.start` (`start_launched`)."""
+        changes = {"queued_at": run.created_at, "awaiting_start": awaiting_start}
+        run = self.book.add(run.model_copy(update=changes))
         self._trust_members(run)
         where = f"{len(run.nodes)} node(s)"
-        self.book.event(run, "launch", f"launched by {caller.name} on {where}, queued: {why}")
+        said = "" if awaiting_start else f", queued: {why}"
+        self.book.event(run, "launch", f"launched by {caller.name} on {where}{said}")
         self._warn(run, warnings)
         run = self.book.move(run.id, RunState.QUEUED, why)
-        return LaunchReply(run=self.book.summary(run), master_addr=master_addr, warnings=warnings)
+        return LaunchReply(
+            run=self.book.summary(run),
+            master_addr=master_addr,
+            warnings=warnings,
+            start_by_call=awaiting_start,
+        )
+
+    async def start_launched(self, req: RunStartRequest, caller: Caller) -> LaunchReply:
+        """`run.start`: every node joined a run launched with `start_by_call`; its first
+        attempt starts as any other does (`Gang.start_attempt`: every node's GPUs reserved,
+        the preflight, then each part). Refused: the run is cancelled everywhere, and the
+        reply says why (with `queue` it waits in the queue instead)."""
+        run = self.book.find(req.run)
+        if not run.is_coordinator or not run.awaiting_start or run.id in self._starting:
+            raise ProtocolError(
+                ErrorCode.CONFLICT,
+                f"run {run.id} is {run.state.value}: run.start only starts a run launched to"
+                " wait for it, once",
+            )
+        self._starting.add(run.id)  # the gang's tick leaves it alone while awaiting_start
+        try:
+            run = await self.gang.start_attempt(
+                run, why=f"launched by {caller.name}", queue=req.queue
+            )
+        except ProtocolError as exc:
+            current = self.book.get(run.id)
+            if current is not None and current.state is RunState.QUEUED:
+                current = self.book.update(run.id, awaiting_start=False)
+                await self.gang.cancel(current, f"could not start: {exc.message}")
+            raise
+        finally:
+            self._starting.discard(run.id)
+            if (current := self.book.get(run.id)) is not None and current.awaiting_start:
+                run = self.book.update(run.id, awaiting_start=False)  # queued: the tick's now
+        part = self.book.part(run.id)
+        master = gang.master_host(_spec_of(run), run.nodes)
+        return LaunchReply(
+            run=self.book.summary(run),
+            master_addr=part.record.master_addr if part else master,
+            master_port=part.record.master_port if part else None,
+        )
 
     def _trust_members(self, run: RunRecord) -> None:
         """Node 0 lets the run's other nodes ask it where the run stands (`run.gang.status`,
@@ -519,17 +578,18 @@ class Supervisor:
             self._check_room()
         run = self._new_run(req.run_id, spec, nodes, node_rank=req.node_rank, attempt=req.attempt)
         queued = req.queued_at is not None and not req.dry_run
+        waits = queued and not req.hold  # held: its GPUs must be free now
         if req.standby and not req.dry_run:
             return self._stand_by(run, nodes, caller)
         if req.master_port is None and not queued:
             raise ProtocolError(ErrorCode.INVALID_BODY, "master_port: needed unless queued_at")
         gpus: list[Gpu] = []
         try:
-            if not queued and not req.dry_run:
+            if not waits and not req.dry_run:
                 self._check_queue(run, run.queue_key)  # no jumping this node's queue
             gpus = self.leases.choose(spec.name, spec)
         except ProtocolError as exc:
-            if not queued or exc.code is not ErrorCode.UNAVAILABLE:
+            if not waits or exc.code is not ErrorCode.UNAVAILABLE:
                 raise
         if req.dry_run:
             port = req.master_port or 0
@@ -540,7 +600,10 @@ class Supervisor:
             self.peer_keys.grant(nodes[0].server_key, run.id)
         self.book.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
         if queued:
-            run = self.book.move(run.id, RunState.QUEUED, "node 0 starts it when its GPUs free up")
+            why = "node 0 starts it after its preflight" if req.hold else None
+            run = self.book.move(
+                run.id, RunState.QUEUED, why or "node 0 starts it when its GPUs free up"
+            )
             return JoinReply(run=self.book.summary(run))
         assert req.master_port is not None
         self.start_part(run, spec, req.attempt, req.master_addr, req.master_port, ResumePoint(None))
@@ -677,7 +740,17 @@ class Supervisor:
         gpus = [g.index for g in self.leases.held(run.id, attempt)]
         real = gpus and not self.leases.hardware().simulated
         backend = "nccl" if real and spec.backend != "gloo" else "gloo"
-        return await collective.run_check(python, run.node_rank, master, world, rank, backend, gpus)
+        found = await collective.run_check(
+            python, run.node_rank, master, world, rank, backend, gpus
+        )
+        if found.failed_gpus:
+            failed = {
+                index: why.split(": ", 1)[-1]
+                for index, why in zip(found.failed_gpus, found.gpu_failures, strict=False)
+            }
+            for hear in self.bad_gpus:
+                hear(run, failed)
+        return found
 
     def gang_status(self, req: PartStatusRequest, caller: Caller) -> GangStatus:
         """`run.gang.status`: one of the run's other nodes asks where node 0 has it."""

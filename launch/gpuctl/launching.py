@@ -1,10 +1,13 @@
 """`gpuctl launch CONFIG`: validate the spec, start it on every node, optionally follow it.
 
-Node 0 creates the run and leases its MASTER_PORT; then every other node joins with its
-node rank. If a node cannot join, node 0 is told to stop the run, so nothing is left half
-started. With `--queue` (or `queue: true`) a run whose GPUs are busy waits instead: node 0
-queues it, the other nodes join its queue, and node 0 starts it when every node can give
-its GPUs at once. `--dry-run` asks every node what it would run and prints exactly that.
+Node 0 creates the run; then every other node joins with its node rank. A run on one node
+starts at once. A run on several starts once every node joined (`run.start`): node 0
+reserves every node's GPUs, runs the preflight's collective check across them, leases its
+MASTER_PORT and starts each part, as for any later attempt. If a node cannot join, or the
+start is refused, the run is stopped everywhere, so nothing is left half started. With
+`--queue` (or `queue: true`) a run whose GPUs are busy waits instead: node 0 queues it, the
+other nodes join its queue, and node 0 starts it when every node can give its GPUs at once.
+`--dry-run` asks every node what it would run and prints exactly that.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from pathlib import Path
 
 import click
 
-from gpud.client import Client, ClientError, NodeTarget
+from gpud.client import Client, ClientError, NodeTarget, RequestFailed
 from gpud.protocol import (
     RUN_JOIN,
     RUN_LAUNCH,
+    RUN_START,
     RUN_STOP,
     JoinReply,
     JoinRequest,
@@ -28,6 +32,7 @@ from gpud.protocol import (
     LaunchRequest,
     NodeRefIn,
     PartPlan,
+    RunStartRequest,
     StopRequest,
 )
 from gpud.runmodel import RunState, new_run_id
@@ -89,6 +94,11 @@ def _spares(ctl: Ctl, spec: RunSpec, targets: list[NodeTarget]) -> list[NodeTarg
     return Ctl(nodes=list(spec.elastic.spares), json=ctl.json, timeout=ctl.timeout).targets()
 
 
+#: How long gpuctl waits for node 0 to start a run of several nodes: the preflight's
+#: collective check takes up to `gpud.heal.collective.CHECK_TIMEOUT_S`.
+START_TIMEOUT_S = 60.0
+
+
 class JoinFailed(Exception):
     """A node could not join a run node 0 created (node 0 was told to stop it)."""
 
@@ -105,7 +115,9 @@ def start(
     spares = _spares(ctl, spec, targets)
     refs = [_node_ref(t) for t in [*targets, *spares]]
     body = spec.model_dump(mode="json")
-    launch = LaunchRequest(spec=body, nodes=refs, dry_run=dry_run, queue=queue)
+    launch = LaunchRequest(
+        spec=body, nodes=refs, dry_run=dry_run, queue=queue, start_by_call=len(targets) > 1
+    )
     with Client(targets[0], timeout_s=ctl.timeout) as client:
         reply = client.call(RUN_LAUNCH, launch)
     assert isinstance(reply, LaunchReply)
@@ -122,6 +134,7 @@ def start(
             dry_run=dry_run,
             queued_at=None if standby else reply.run.queued_at,
             standby=standby,
+            hold=reply.start_by_call and not standby and not queue,
         )
         try:
             with Client(target, timeout_s=ctl.timeout) as client:
@@ -134,7 +147,27 @@ def start(
             ) from None
         assert isinstance(joined, JoinReply)
         joins.append(joined)
+    if reply.start_by_call:
+        reply = _start_first_attempt(ctl, targets[0], reply, queue)
     return reply, joins
+
+
+def _start_first_attempt(
+    ctl: Ctl, coordinator: NodeTarget, launched: LaunchReply, queue: bool
+) -> LaunchReply:
+    """Every node joined: node 0 starts the first attempt (its preflight first, which
+    takes seconds). Refused, node 0 has cancelled the run everywhere; no answer, gpuctl
+    stops it, so nothing waits half-started."""
+    run_id = launched.run.id
+    try:
+        with Client(coordinator, timeout_s=max(ctl.timeout, START_TIMEOUT_S)) as client:
+            started = client.call(RUN_START, RunStartRequest(run=run_id, queue=queue))
+    except ClientError as exc:
+        if not isinstance(exc, RequestFailed):
+            _abandon(ctl, coordinator, run_id)
+        raise JoinFailed(f"run {run_id} could not start: {exc}", exit_code_for(exc)) from None
+    assert isinstance(started, LaunchReply)
+    return started.model_copy(update={"warnings": launched.warnings})
 
 
 def _slurm_launch(ctl: Ctl, spec: RunSpec, dry_run: bool) -> None:

@@ -123,6 +123,7 @@ def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
         "run.join",
         "run.stop",
         "run.resume",
+        "run.start",
     }
     peers = {name for name, m in METHODS.items() if m.role is Role.PEER}
     assert peers == {

@@ -3,7 +3,16 @@ reading of it now, and what does not."""
 
 from __future__ import annotations
 
-from gpud.heal.preflight import UNLISTED_MEMORY_BYTES, XID_WINDOW_S, failed, findings, slow_nodes
+from gpud.heal.preflight import (
+    BASELINE_KEEP,
+    UNLISTED_MEMORY_BYTES,
+    XID_WINDOW_S,
+    below_baseline,
+    failed,
+    findings,
+    slow_nodes,
+    with_figures,
+)
 from gpud.snapshot import GpuProcess, GpuSample, XidRecord, XidSummary
 
 GIB = 2**30
@@ -73,3 +82,20 @@ def test_a_node_far_below_its_peers_all_reduce_is_named() -> None:
     }
     assert slow_nodes({1: 2.0, 2: 1.1, 3: 1.8}) == {}  # slower, not far below
     assert slow_nodes({1: 0.01}) == {}  # one pair: no peers to be below
+
+
+def test_a_node_far_below_its_own_past_is_named_with_its_baseline() -> None:
+    history = with_figures({}, {1: 1.2})
+    history = with_figures(history, {1: 1.0})
+    history = with_figures(history, {1: 1.4})
+    assert history == {1: [1.2, 1.0, 1.4]}
+    named = below_baseline({1: 0.3}, history)
+    assert named == {
+        1: "all-reduce with node 0 at 0.3 GB/s, under 50% of its baseline 1.2 GB/s"
+        " (its earlier attempts in this run)"
+    }
+    assert below_baseline({1: 0.7}, history) == {}  # slower, not far below
+    assert below_baseline({2: 0.01}, history) == {}  # no past: no baseline
+    for _ in range(10):
+        history = with_figures(history, {1: 0.5})
+    assert history[1] == [0.5] * BASELINE_KEEP  # only the last few count
