@@ -61,6 +61,7 @@ from gpud.keys import (
 )
 from gpud.known_nodes import KnownNode, remember_node
 from gpud.kube.pods import KubePods, on_kubernetes
+from gpud.ledger import CpuLedger
 from gpud.notify.service import Notifier
 from gpud.prometheus import endpoint as metrics_endpoint
 from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
@@ -188,6 +189,7 @@ class Daemon:
         self._supervisor: Supervisor | None = None
         self._metrics_sock: socket.socket | None = None
         self._process = DaemonProcess()
+        self._ledger = CpuLedger()
         self._control: ControlServer | None = None
         self._healing: Healing | None = None
         self._notify: Notifier | None = None
@@ -344,6 +346,7 @@ class Daemon:
             peer_keys=self.peer_keys,
             keys=self._keys,
             clock=self._clock,
+            ledger=self._ledger,
             attach=AttachConfig(control=_peer_endpoint(self.settings.control), ingest=shared)
             if shared is not None
             else None,
@@ -495,6 +498,8 @@ class Daemon:
             gpu_name=names.pop() if len(names) == 1 else ("mixed" if names else None),
             secure=not self.settings.insecure,
             role=caller.role,
+            cpu_by_component=self._ledger.totals(),
+            cpu_seconds=round(self._process.usage()[0], 3),
         )
 
     def _drain(self, body: DrainRequest, caller: Caller) -> DrainReply:
@@ -537,17 +542,21 @@ class Daemon:
                 next_at = loop.time()
             await asyncio.sleep(max(0.0, delay))
             try:
-                snapshot = await loop.run_in_executor(self._executor, self._sampler.sample)
+                sample = self._ledger.charged("sampler", self._sampler.sample)
+                snapshot = await loop.run_in_executor(self._executor, sample)
             except Exception:
                 log.exception("sampling failed; will retry next interval")
                 continue
-            events = detect_events(self._latest, snapshot)
-            assert self._healing is not None
-            snapshot, quarantined = self._healing.observe(snapshot)
-            self._latest = snapshot
-            self._publisher.publish(topic, snapshot)
-            self._publish_brief(brief_topic, snapshot)
-            self._emit_node_events(events + quarantined)
+            with self._ledger.charge("snapshot"):
+                events = detect_events(self._latest, snapshot)
+                assert self._healing is not None
+                snapshot, quarantined = self._healing.observe(snapshot)
+                self._latest = snapshot
+                self._publisher.publish(topic, snapshot)
+            with self._ledger.charge("brief"):
+                self._publish_brief(brief_topic, snapshot)
+            with self._ledger.charge("snapshot"):
+                self._emit_node_events(events + quarantined)
 
     def _replace_latest(self, snapshot: NodeSnapshot) -> None:
         self._latest = snapshot
@@ -617,9 +626,10 @@ class Daemon:
         """Once a second: what throttled logs and the audit log held back, as counts."""
         while True:
             await asyncio.sleep(1.0)
-            flush_all()
-            if self._audit is not None:
-                self._audit.flush()
+            with self._ledger.charge("housekeeping"):
+                flush_all()
+                if self._audit is not None:
+                    self._audit.flush()
 
     async def _start_metrics(self) -> metrics_endpoint.MetricsEndpoint | None:
         s = self.settings
@@ -656,6 +666,7 @@ class Daemon:
             clients=sum(len(g.connections) for g in self._guards),
             requests=dict(control.served_by) if control is not None else {},
             notify=self._notify.sender.snapshot() if self._notify is not None else {},
+            components=self._ledger.totals(),
         )
 
     def request_stop(self, sig: int | None = None) -> None:

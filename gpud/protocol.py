@@ -165,6 +165,11 @@ class NodeInfo(Reading):
     gpu_name: str | None = Field(None, description="the GPU model, or 'mixed'")
     secure: bool = Field(description="false when started with --insecure")
     role: Role = Field(description="the role of the key that asked")
+    cpu_seconds: float | None = Field(None, description="the daemon's CPU time since it started")
+    cpu_by_component: dict[str, float] = Field(
+        default_factory=dict,
+        description="of that, what each periodic part of the daemon spent (gpud.ledger)",
+    )
 
 
 class NodeEventsRequest(Message):

@@ -117,7 +117,7 @@ class EventsThread:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread (within CHECK_S) and close the handover pipe. Idempotent."""
+        """Stop the thread (within IDLE_CHECK_S) and close the handover pipe. Idempotent."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
@@ -131,19 +131,24 @@ class EventsThread:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._inbox, zmq.POLLIN)
+        if self._guard is not None:  # a new connection wakes the guard's check at once
+            poller.register(self._guard.monitor, zmq.POLLIN)
         next_check = time.monotonic()
         while not self._stopping.is_set():
             try:
+                # At most IDLE_CHECK_S: the stop is seen within that.
                 wait_ms = max(0.0, next_check - time.monotonic()) * 1000
                 ready = dict(poller.poll(int(wait_ms) + 1))
                 if self._inbox in ready:
                     self._forward()
                 if self._sock in ready:
                     self._read_subscriptions()
-                if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + CHECK_S
+                news = self._guard is not None and self._guard.monitor in ready
+                if news or time.monotonic() >= next_check:
                     if self._guard is not None:
                         self._guard.check()
+                    wait = self._guard.next_check_s() if self._guard is not None else CHECK_S
+                    next_check = time.monotonic() + wait
             except Exception:  # the events must go on; a bug shows in the log
                 log.exception("the events thread failed on one turn; going on")
                 time.sleep(CHECK_S)

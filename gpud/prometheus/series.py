@@ -274,6 +274,8 @@ class DaemonStats:
     requests: dict[str, int]
     #: Alerts handed to the webhook sender, by what became of them (gpud.notify).
     notify: dict[str, int] = field(default_factory=dict)
+    #: The daemon's CPU by component (gpud.ledger).
+    components: dict[str, float] = field(default_factory=dict)
 
 
 def gpu_families(
@@ -475,6 +477,15 @@ def host_families(host: HostSample, daemon: DaemonStats) -> Iterator[Metric]:
     cpu_s = CounterMetricFamily("gpud_daemon_cpu_seconds", "CPU time the daemon used.")
     cpu_s.add_metric([], daemon.cpu_seconds)
     yield cpu_s
+    if daemon.components:
+        parts = CounterMetricFamily(
+            "gpud_daemon_component_cpu_seconds",
+            "CPU time each periodic part of the daemon used (the rest: zmq, the loop, requests).",
+            labels=["component"],
+        )
+        for component, seconds in sorted(daemon.components.items()):
+            parts.add_metric([component], seconds)
+        yield parts
     rss = _gauge("gpud_daemon_rss_bytes", "The daemon's resident memory.")
     rss.add_metric([], float(daemon.rss_bytes))
     yield rss

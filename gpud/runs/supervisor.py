@@ -24,6 +24,7 @@ from gpud.auth import Caller, PeerKeys
 from gpud.heal import collective
 from gpud.ingest import Ingest
 from gpud.keys import KeyPair
+from gpud.ledger import CpuLedger
 from gpud.patterns.extract import MetricExtractor
 from gpud.patterns.follower import Found, PatternThread
 from gpud.protocol import (
@@ -129,8 +130,10 @@ class Supervisor:
         keys: KeyPair | None,
         clock: Callable[[], float] = time.time,
         attach: AttachConfig | None = None,
+        ledger: CpuLedger | None = None,
     ) -> None:
         self.node = node
+        self.ledger = ledger or CpuLedger()
         self.state = state
         self.store = store
         self.ingest = ingest
@@ -900,7 +903,10 @@ class Supervisor:
         last: tuple[str, float, int] | None = None  # the failure, when logged, times since
         while True:
             try:
-                await self.tick()
+                # Charged across the tick's awaits: idle, none suspends; with runs, a call
+                # that does also charges what other tasks ran meanwhile (an upper bound).
+                with self.ledger.charge("supervision"):
+                    await self.tick()
             except Exception as exc:
                 # Four ticks a second: the same failure again is counted, not logged again.
                 what, now = f"{type(exc).__name__}: {exc}", time.monotonic()
@@ -916,7 +922,8 @@ class Supervisor:
 
     async def tick(self) -> None:
         now = self.clock()
-        self.store.retry()
+        with self.ledger.charge("store"):
+            self.store.retry()
         for run, part in self.book.parts():
             await self._follow_log(run, part)
             if part.record.state.terminal or part.external:

@@ -168,3 +168,16 @@ def test_gpud_stop_stops_the_daemon_of_a_state_dir(daemon: RunningDaemon) -> Non
 
 def test_free_port_helper_gives_distinct_ports() -> None:
     assert len({free_port() for _ in range(50)}) == 50
+
+
+def test_node_info_says_what_the_daemons_cpu_went_to(daemon: RunningDaemon) -> None:
+    """Issue 22 §5: the daemon accounts its own CPU by component (gpud.ledger)."""
+    client = daemon.client()
+    first = client.node_info()
+    time.sleep(2.5)  # a few samples at the daemon's interval
+    later = client.node_info()
+    assert set(later.cpu_by_component) >= {"sampler", "snapshot", "brief", "supervision"}
+    assert later.cpu_by_component["sampler"] > first.cpu_by_component.get("sampler", 0.0)
+    assert later.cpu_seconds is not None and first.cpu_seconds is not None
+    charged = sum(later.cpu_by_component.values())
+    assert 0 < charged <= later.cpu_seconds, (charged, later.cpu_seconds)
