@@ -109,11 +109,12 @@ from gpud.protocol import (
 )
 from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 from gpud.runmodel import TrainerMessage
+from gpud.runs import causes
 from gpud.runs.attached import AttachConfig
 from gpud.runs.simload import SimulatedLoads
 from gpud.runs.supervisor import Supervisor
 from gpud.settings import ServeSettings
-from gpud.snapshot import GpuSample, NodeEvent, NodeSnapshot
+from gpud.snapshot import GpuSample, NodeEvent, NodeSnapshot, Severity
 from gpud.statedir import StateDir, StateDirBusy
 from gpud.store import Store
 
@@ -190,6 +191,7 @@ class Daemon:
         self._metrics_sock: socket.socket | None = None
         self._process = DaemonProcess()
         self._ledger = CpuLedger()
+        self._state_full: str | None = None  # why the state dir has no room
         self._control: ControlServer | None = None
         self._healing: Healing | None = None
         self._notify: Notifier | None = None
@@ -551,6 +553,8 @@ class Daemon:
                 events = detect_events(self._latest, snapshot)
                 assert self._healing is not None
                 snapshot, quarantined = self._healing.observe(snapshot)
+                if self._state_full is not None:
+                    snapshot = snapshot.model_copy(update={"state_dir_full": self._state_full})
                 self._latest = snapshot
                 self._publisher.publish(topic, snapshot)
             with self._ledger.charge("brief"):
@@ -630,6 +634,32 @@ class Daemon:
                 flush_all()
                 if self._audit is not None:
                     self._audit.flush()
+                self._watch_state_dir()
+
+    def _watch_state_dir(self) -> None:
+        """A state dir that fills, or has room again, is a node event; while it is full,
+        the snapshot (`gpuctl hw`, gputop) says so, and launches are refused
+        (`Supervisor._check_room`)."""
+        assert self._store is not None
+        root = self.state.root
+        full = self._store.full or causes.full_disk(root, f"the state dir {root}")
+        if (full is None) == (self._state_full is None):
+            self._state_full = full
+            return
+        self._state_full = full
+        now = self._clock()
+        if full is not None:
+            kind: Severity = "critical"
+            message = f"state dir full: {full}; new launches are refused, runs go on"
+        else:
+            kind, message = "info", f"state dir {root} has room again"
+        if self._latest is not None:
+            self._latest = self._latest.model_copy(update={"state_dir_full": full})
+        event = NodeEvent(
+            node=self.settings.node_name, time=now, kind="state_dir", severity=kind,
+            message=message,
+        )  # fmt: skip
+        self._emit_node_events([event])
 
     async def _start_metrics(self) -> metrics_endpoint.MetricsEndpoint | None:
         s = self.settings

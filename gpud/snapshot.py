@@ -232,6 +232,9 @@ class NodeSnapshot(Reading):
     gpus: list[GpuSample] = Field(default_factory=list)
     host: HostSample
     drained: Hold | None = Field(None, description="the node takes no new runs (gpuctl drain)")
+    state_dir_full: str | None = Field(
+        None, description="why the state dir has no room: new launches are refused meanwhile"
+    )
 
 
 NodeEventKind = Literal[
@@ -244,6 +247,7 @@ NodeEventKind = Literal[
     "gpu_lost",
     "quarantine",
     "drain",
+    "state_dir",
 ]
 Severity = Literal["info", "warning", "critical"]
 

@@ -73,6 +73,8 @@ def render_report(
         if snap.drained
         else ""
     )
+    if snap.state_dir_full:
+        drained += f"  STATE DIR FULL: {snap.state_dir_full} (new launches are refused)"
     lines = [
         f"node {snap.node} ({address}){flag}{drained}",
         f"driver {snap.driver_version or 'n/a'}, CUDA {snap.cuda_driver_version or 'n/a'}, "

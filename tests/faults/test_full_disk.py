@@ -115,10 +115,26 @@ def test_a_full_state_dir_stops_no_run_and_the_daemon_catches_up(
     assert refused.returncode != 0
     assert "is full" in refused.stderr, refused.stderr
     print(refused.stderr.strip())
+    hw = gpuctl("--node", daemon.address, "hw")
+    assert hw.returncode == 0 and "STATE DIR FULL: the state dir " in hw.stdout, hw.stdout
+    told = [e for e in daemon.client().node_events().events if e.kind == "state_dir"]
+    assert [e.severity for e in told] == ["critical"], told
+    assert told[0].message.startswith("state dir full: ") and "new launches are refused" in (
+        told[0].message
+    )
     full_for = time.monotonic() - full_at
     state_disk.make_room()
     roomy_at = time.monotonic()
     until("the daemon writes again", lambda: "has room again" in daemon.log(), timeout=10)
+    until(
+        "the node event that the state dir has room",
+        lambda: any(
+            e.kind == "state_dir" and e.severity == "info"
+            for e in daemon.client().node_events().events
+        ),
+        timeout=10,
+    )
+    assert "STATE DIR FULL" not in gpuctl("--node", daemon.address, "hw").stdout
     print(
         f"state dir full for {full_for:.1f}s: the printer printed {beats(alive) - printed}"
         f" lines meanwhile; slowest node.info {slowest * 1000:.0f} ms; the daemon wrote its"
