@@ -344,6 +344,7 @@ class Daemon:
             peer_keys=self.peer_keys,
             keys=self._keys,
             clock=self._clock,
+            logs_max_bytes=self.settings.logs_max_bytes,
             attach=AttachConfig(control=_peer_endpoint(self.settings.control), ingest=shared)
             if shared is not None
             else None,
