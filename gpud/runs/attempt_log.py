@@ -95,7 +95,7 @@ class _Layout:
         bound = self.index.get("max_bytes")
         why = f"logs.max_bytes {size_text(bound)}" if isinstance(bound, int) else "logs.max_bytes"
         if at == gap.start:
-            lines = int(oldest["lines"]) - int(head["lines"])
+            lines = int(oldest["lines"])  # the tail's lines before the oldest kept segment
             began = float(head.get("tail_began") or oldest["time"])
             text = (
                 f"{LOG_MARK_PREFIX}{lines:,} line(s) ({size_text(gap.end - gap.start)}) dropped"

@@ -13,8 +13,8 @@ holds the first quarter of the bound (the head); what follows goes to numbered s
 quarter each (`output.log.000001`, ...), of which the last `TAIL_SEGMENTS` are kept (the
 tail), and `output.log.index` says where each starts (its offset in the whole output, its
 line and time), so readers (`gpud.runs.attempt_log`) can show the head, a mark saying what
-was dropped, and the tail. Per chunk this costs one newline count; files change only at a
-quarter's end, where a line ends.
+was dropped, and the tail. Per chunk past the head this costs a newline count (how many
+lines a dropped segment held); files change only at a quarter's end, where a line ends.
 
 A full disk stops neither the shim nor the run: the pipe is drained whatever happens to
 the log (`OutputPump`), what could not be written is dropped and counted, and one line in
@@ -212,7 +212,7 @@ class OutputPump:
         self._fd = log
         self._file_bytes = _size_of(log)
         self.offset = self._file_bytes  # bytes in the log's files, dropped segments included
-        self.lines = 0  # newlines among them (counted only when bounded)
+        self.lines = 0  # newlines written to the tail's segments (only they are ever dropped)
         self._seq = 0
         self._head: dict[str, Any] | None = None
         self._segments: list[dict[str, Any]] = []  # kept, oldest first
@@ -307,7 +307,7 @@ class OutputPump:
             self._ends_line = data[done - 1 : done] == b"\n"
             self._file_bytes += wrote
             self.offset += wrote
-            if self._file_max is not None:
+            if self._seq:  # in the tail: what may be dropped (the head never is)
                 self.lines += data.count(b"\n", start, done)
         return wrote
 
@@ -322,7 +322,7 @@ class OutputPump:
             self._full(exc.errno if exc.errno in DISK_FULL else errno.EIO)
             return False
         if self._head is None:
-            self._head = {"bytes": self.offset, "lines": self.lines, "ends_line": self._ends_line}
+            self._head = {"bytes": self.offset, "ends_line": self._ends_line}
         self._segments.append(
             {"seq": seq, "offset": self.offset, "lines": self.lines, "time": time.time()}
         )
