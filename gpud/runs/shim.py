@@ -173,9 +173,9 @@ class OutputPump:
     With `max_bytes`, the log is bounded: the first quarter stays in the log file given
     (the head); the rest goes to numbered segment files of a quarter each, cut where a
     line ends, and once there are more than `TAIL_SEGMENTS` the oldest is deleted. The
-    index file, rewritten at each new segment, records the head's size and lines and each
-    kept segment's offset, line and start time: all a reader needs to say what was
-    dropped. The log and its files stay under `max_bytes` (plus the few bytes of a
+    index file, rewritten at each new segment, records the head's size and each kept
+    segment's offset, start time and the tail's lines before it: all a reader needs to
+    say what was dropped. The log and its files stay under `max_bytes` (plus the few bytes of a
     full-disk line).
 
     A write the disk refuses (ENOSPC, EDQUOT) stops neither the pump nor the run: it keeps
