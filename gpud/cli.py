@@ -125,6 +125,13 @@ def main() -> None:
     " together [64].",
 )
 @click.option(
+    "--logs-max-bytes",
+    envvar="GPUD_LOGS_MAX_BYTES",
+    help="Each run's log, per node and attempt, holds at most this much, e.g. 100MB or"
+    " 2GiB: its head and its tail, with a mark where lines were dropped; a run's"
+    " logs.max_bytes wins [100MB].",
+)
+@click.option(
     "--insecure",
     envvar="GPUD_INSECURE",
     is_flag=True,

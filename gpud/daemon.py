@@ -349,6 +349,7 @@ class Daemon:
             keys=self._keys,
             clock=self._clock,
             ledger=self._ledger,
+            logs_max_bytes=self.settings.logs_max_bytes,
             attach=AttachConfig(control=_peer_endpoint(self.settings.control), ingest=shared)
             if shared is not None
             else None,

@@ -557,6 +557,16 @@ class RunStatus(Reading):
     events: list[RunEvent]
 
 
+#: How a line starts that stands where a bounded log (`logs.max_bytes`) dropped lines, in
+#: `LogChunk` and `run.<id>.log` lines alike; it says how many, how much and when. Views
+#: keep it whatever their rank filter.
+LOG_MARK_PREFIX = "[gpud] ---- "
+
+
+def is_log_mark(line: str) -> bool:
+    return line.startswith(LOG_MARK_PREFIX)
+
+
 class LogChunk(Reading):
     run_id: str
     node: str

@@ -20,6 +20,7 @@ from gpud.kube.podresources import DEFAULT_SOCKET
 from gpud.notify.targets import Webhook
 from gpud.paths import config_dir, default_state_dir
 from gpud.protocol import describe_validation_error
+from launch.spec import DEFAULT_LOG_MAX_BYTES, LogBound
 
 SERVE_CONFIG_ENV = "GPUD_SERVE_CONFIG"
 DEFAULT_CONFIG_NAME = "gpud.yaml"
@@ -82,6 +83,12 @@ class ServeSettings(BaseModel):
         le=1_000_000.0,
         description="the audit log and its rotated files (audit.log.1..3) hold at most this"
         " many MiB together; the oldest records go first",
+    )
+    logs_max_bytes: LogBound = Field(
+        DEFAULT_LOG_MAX_BYTES,
+        description="each run's log, per node and attempt, holds at most this much (e.g."
+        " 100MB, 2GiB): the first quarter and the last half to three quarters are kept;"
+        " a run's `logs.max_bytes` wins",
     )
     notify: list[Webhook] = Field(
         default_factory=list,

@@ -25,12 +25,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from gpud.endpoints import AddressError, parse_endpoint
 from gpud.notify.targets import Webhook
 from gpud.patterns.engine import MAX_PATTERN_CHARS, PatternError, compile_pattern
 from gpud.runmodel import DEFAULT_RESTART_ON, CauseKind
+from gpud.sizes import SizeError, parse_size, size_text
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -38,6 +48,12 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV_PREFIX = "GPUD_"
 #: ...except the trainers library's test hooks (see trainers/hooks.py).
 TEST_HOOK_PREFIX = "GPUD_TEST_"
+
+
+#: What each node keeps of an attempt's output when neither the spec nor the daemon says.
+DEFAULT_LOG_MAX_BYTES = 100_000_000
+#: The least bound: each of the log's four quarters still holds many lines.
+MIN_LOG_MAX_BYTES = 64_000
 
 
 class SpecError(ValueError):
@@ -292,6 +308,46 @@ class MetricPattern(SpecModel):
         return value
 
 
+def log_bound(value: Any) -> int:
+    """`logs.max_bytes` (and `gpud serve --logs-max-bytes`): a size of at least 64 kB."""
+    try:
+        size = parse_size(value)
+    except SizeError as exc:
+        raise ValueError(str(exc)) from None
+    if size < MIN_LOG_MAX_BYTES:
+        raise ValueError(
+            f"{value!r} is below the least bound, {size_text(MIN_LOG_MAX_BYTES)}"
+            " (a quarter of it is the head, three quarters the tail)"
+        )
+    return size
+
+
+LogBound = Annotated[
+    int,
+    BeforeValidator(log_bound),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": MIN_LOG_MAX_BYTES},
+                {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([kKmMgGtT]i?)?[bB]?\s*$"},
+            ]
+        }
+    ),
+]
+
+
+class LogSettings(SpecModel):
+    """How much of each attempt's output a node keeps (`gpuctl logs`, gputop, causes)."""
+
+    max_bytes: LogBound | None = Field(
+        None,
+        description="bound on a node's log of one attempt, e.g. 100MB or 2GiB (at least"
+        " 64kB): its first quarter and its last half to three quarters are kept, and"
+        " readers show a mark saying how many lines were dropped between; unset: the"
+        " daemon's `--logs-max-bytes` (100MB unless set)",
+    )
+
+
 class NcclSettings(SpecModel):
     """Presets for NCCL and PyTorch distributed environment variables."""
 
@@ -392,6 +448,7 @@ class RunSpec(SpecModel):
     metrics: list[MetricPattern] = Field(
         default_factory=list, description="log-line regexes for trainers without the library"
     )
+    logs: LogSettings = Field(default_factory=LogSettings)
     nccl: NcclSettings = Field(default_factory=NcclSettings)
     wandb: WandbSettings | None = None
     notify: list[Webhook] = Field(

@@ -1,8 +1,9 @@
 """The spec's metric patterns where no daemon reads the output: a part runner's own thread.
 
 The Slurm part runner and `gpud attach` run node 0's part with no daemon beside them, or
-with one that cannot read the part's output. This follows the part's `output.log` as it
-grows, runs the patterns over rank 0's lines (RE2, on the same budget as in the daemon)
+with one that cannot read the part's output. This follows the part's output as it grows
+(`output.log`, and a bounded log's tail files after it: `gpud.runs.attempt_log`), runs
+the patterns over rank 0's lines (RE2, on the same budget as in the daemon)
 and appends what they find to `<run-dir>/metrics.jsonl`, in the trainers library's own
 format, so `gpuctl metrics`, `ps` and a daemon's backfill read a plain script's metrics
 like a library's. Each batch is one `write` on an O_APPEND descriptor: rows never
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from gpud.patterns.extract import MetricExtractor
+from gpud.runs.attempt_log import AttemptLog
 from gpud.runs.logparse import split_rank
 
 #: How often the log is looked at for new lines.
@@ -40,6 +42,7 @@ class MetricsTail:
         poll_s: float = POLL_S,
     ) -> None:
         self.log_path = log_path
+        self._log = AttemptLog(log_path)  # across a bounded log's files
         self.metrics_path = metrics_path
         self.run_id = run_id
         self.attempt = attempt
@@ -79,14 +82,13 @@ class MetricsTail:
 
     def _read(self) -> bool:
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read(READ_BYTES)
+            got = self._log.read(self._offset, READ_BYTES)
         except OSError:
             return False
+        data = got.data
         if not data:
             return False
-        self._offset += len(data)
+        self._offset = got.end
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         if len(self._partial) > MAX_LINE:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from gpud.runmodel import (
     RunState,
 )
 from gpud.runs import causes, procs, shim
+from gpud.runs.attempt_log import AttemptLog
 from gpud.runs.logparse import root_cause
 
 log = logging.getLogger("gpud.runs")
@@ -101,9 +101,17 @@ class Part:
 
     # ------------------------------------------------------------------ start
 
-    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, files: dict[str, str]) -> None:
-        """Write the attempt dir and start the shim in a session of its own."""
-        spec_path = shim.write_spec(self.dir, files, argv, env, cwd, self.log_path)
+    def spawn(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        files: dict[str, str],
+        log_max_bytes: int | None = None,
+    ) -> None:
+        """Write the attempt dir and start the shim in a session of its own; its log holds
+        at most `log_max_bytes` (None: no bound)."""
+        spec_path = shim.write_spec(self.dir, files, argv, env, cwd, self.log_path, log_max_bytes)
         self.oom_kills_at_start = causes.oom_kills()
         self._popen = subprocess.Popen(
             # The shim is stdlib-only: run its file without site-packages (-S), which takes
@@ -132,16 +140,18 @@ class Part:
         return procs.is_alive(self.record.shim_pid, self.record.shim_started)
 
     def read_lines(self, limit: int = READ_CHUNK) -> list[str]:
-        """Complete lines appended to the log since the last call (up to `limit` bytes)."""
+        """Complete lines appended to the log since the last call (up to `limit` bytes; a
+        mark where a bounded log dropped lines is a line)."""
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self.record.log_offset)
-                data = f.read(limit)
+            got = AttemptLog(self.log_path).read(self.record.log_offset, limit)
         except OSError:
             return []
+        data = got.data
         if not data:
             return []
-        self.update(log_offset=self.record.log_offset + len(data))
+        self.update(log_offset=got.end)
+        if self._partial and got.spans[0].mark and not data.startswith(b"\n"):
+            data = b"\n" + data  # what came after the unfinished line was dropped
         data = self._partial + data
         lines = data.split(b"\n")
         self._partial = lines.pop()
@@ -332,10 +342,9 @@ class Part:
         return f"could not start the launcher: {error}" if error else None
 
     def _log_tail(self, size: int = 64 * 1024) -> str:
+        """The end of the output, from the tail's files where the log was bounded."""
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log_path) - size))
-                return f.read().decode(errors="replace")
+            return AttemptLog(self.log_path).tail_text(size)
         except OSError:
             return ""
 

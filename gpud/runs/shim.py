@@ -8,6 +8,14 @@ waits. It is a child subreaper: ranks orphaned when their launcher dies (torchru
 worker in its own session) are re-parented to it instead of init, so when the launcher ends
 the shim still finds them, and ends them too. Then it writes `exit.json` and exits.
 
+The log is bounded when the spec says so (`logs.max_bytes`, `OutputPump`): `output.log`
+holds the first quarter of the bound (the head); what follows goes to numbered segments of a
+quarter each (`output.log.000001`, ...), of which the last `TAIL_SEGMENTS` are kept (the
+tail), and `output.log.index` says where each starts (its offset in the whole output, its
+line and time), so readers (`gpud.runs.attempt_log`) can show the head, a mark saying what
+was dropped, and the tail. Per chunk past the head this costs a newline count (how many
+lines a dropped segment held); files change only at a quarter's end, where a line ends.
+
 A full disk stops neither the shim nor the run: the pipe is drained whatever happens to
 the log (`OutputPump`), what could not be written is dropped and counted, and one line in
 the log says how much once there is room again; `launcher.json` is retried, and
@@ -51,6 +59,21 @@ EXIT_RESERVE = 4096
 EXIT_WRITE_WAIT_S = 60.0
 #: After the launcher's end, how long the pump may take to copy what is still in the pipe.
 PUMP_JOIN_S = 5.0
+#: A bounded log's files hold a quarter of `logs.max_bytes` each: the head, then the tail's
+#: segments, of which the last three are kept.
+FILE_SHARE = 4
+TAIL_SEGMENTS = 3
+
+
+def segment_path(log_path: str, seq: int) -> str:
+    """The `seq`th file of the log's tail (1, 2, ...): numbered, never renamed, so a
+    reader that has one open keeps reading it; zero-padded, so `ls` lists them in order."""
+    return f"{log_path}.{seq:06d}"
+
+
+def index_path(log_path: str) -> str:
+    """Where a bounded log says where its head ends and its kept segments start."""
+    return f"{log_path}.index"
 
 
 def _become_subreaper() -> bool:
@@ -133,12 +156,27 @@ def free_bytes(path: str) -> int | None:
     return stat.f_bavail * stat.f_frsize
 
 
+def _size_of(fd: int) -> int:
+    try:
+        return os.fstat(fd).st_size
+    except OSError:
+        return 0
+
+
 def _clock_text(when: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(when))
 
 
 class OutputPump:
     """Copies the launcher's output from a pipe to the log, in a thread of its own.
+
+    With `max_bytes`, the log is bounded: the first quarter stays in the log file given
+    (the head); the rest goes to numbered segment files of a quarter each, cut where a
+    line ends, and once there are more than `TAIL_SEGMENTS` the oldest is deleted. The
+    index file, rewritten at each new segment, records the head's size and each kept
+    segment's offset, start time and the tail's lines before it: all a reader needs to
+    say what was dropped. The log and its files stay under `max_bytes` (plus the few bytes of a
+    full-disk line).
 
     A write the disk refuses (ENOSPC, EDQUOT) stops neither the pump nor the run: it keeps
     draining the pipe, so no rank ever blocks on a full pipe or dies on a write error;
@@ -147,10 +185,16 @@ class OutputPump:
     writes that failed the same way (`later()`) are retried at the same pace."""
 
     def __init__(
-        self, source: int, log: int, log_path: str, echo: Callable[[bytes], None] | None = None
+        self,
+        source: int,
+        log: int,
+        log_path: str,
+        echo: Callable[[bytes], None] | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         self._source = source
         self._log = log
+        self._log_path = log_path
         self._dir = os.path.dirname(log_path) or "."
         self._echo = echo
         self.dropped_bytes = 0  # over the whole part
@@ -162,6 +206,17 @@ class OutputPump:
         self._ends_line = True
         self._later: list[Callable[[], bool]] = []
         self._lock = threading.Lock()
+        # The bound: where output goes now (the head, then a segment) and how full it is.
+        self._max_bytes = max_bytes
+        self._file_max = max(1, max_bytes // FILE_SHARE) if max_bytes else None
+        self._fd = log
+        self._file_bytes = _size_of(log)
+        self.offset = self._file_bytes  # bytes in the log's files, dropped segments included
+        self.lines = 0  # newlines written to the tail's segments (only they are ever dropped)
+        self._seq = 0
+        self._head: dict[str, Any] | None = None
+        self._segments: list[dict[str, Any]] = []  # kept, oldest first
+        self._index_due = False
         self.thread = threading.Thread(target=self._run, name="gpud-shim-output", daemon=True)
 
     def start(self) -> OutputPump:
@@ -193,6 +248,8 @@ class OutputPump:
                 self._take(chunk)
             self._retry()
         self._retry(force=True)
+        if self._fd != self._log:
+            os.close(self._fd)  # a segment of ours; the caller closes the head
 
     def _take(self, chunk: bytes) -> None:
         if self._echo is not None:
@@ -202,25 +259,101 @@ class OutputPump:
         if self._full_since is not None:
             self._drop(chunk)
             return
-        done = self._write(chunk)
+        done = self._store(chunk)
         if done < len(chunk):
             self._drop(chunk[done:])
 
-    def _write(self, data: bytes) -> int:
-        """Write what the disk takes; returns how much (less than all: the disk is full)."""
+    def _store(self, data: bytes) -> int:
+        """Write `data` to the log's files, starting a segment where the bound says;
+        returns how much was written (less than all: the disk is full)."""
+        most = self._file_max
+        if most is None or self._file_bytes + len(data) <= most:
+            return self._write(data, 0, len(data))
         done = 0
-        view = memoryview(data)
         while done < len(data):
+            end = min(len(data), done + most - self._file_bytes)
+            if end < len(data):  # the rest does not fit: this file ends where a line does
+                newline = data.rfind(b"\n", done, end)
+                if newline >= 0:
+                    end = newline + 1
+                elif self._file_bytes:
+                    end = done  # the line starts the next file
+                # else: one line longer than a file is cut at the file's end
+            if end > done:
+                wrote = self._write(data, done, end)
+                done += wrote
+                if done < end:
+                    return done
+            if done < len(data) and not self._next_segment():
+                return done
+        return done
+
+    def _write(self, data: bytes, start: int = 0, end: int | None = None) -> int:
+        """Write `data[start:end]` where output goes now; returns how much the disk took
+        (less than all: the disk is full)."""
+        end = len(data) if end is None else end
+        done = start
+        view = memoryview(data)
+        while done < end:
             try:
-                done += os.write(self._log, view[done:])
+                done += os.write(self._fd, view[done:end])
             except InterruptedError:
                 continue
             except OSError as exc:
                 self._full(exc.errno if exc.errno in DISK_FULL else errno.EIO)
                 break
-        if done:
+        wrote = done - start
+        if wrote:
             self._ends_line = data[done - 1 : done] == b"\n"
-        return done
+            self._file_bytes += wrote
+            self.offset += wrote
+            if self._seq:  # in the tail: what may be dropped (the head never is)
+                self.lines += data.count(b"\n", start, done)
+        return wrote
+
+    def _next_segment(self) -> bool:
+        """Go on in a new segment; past TAIL_SEGMENTS, delete the oldest. False: no room."""
+        seq = self._seq + 1
+        try:
+            fd = os.open(
+                segment_path(self._log_path, seq), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644
+            )
+        except OSError as exc:
+            self._full(exc.errno if exc.errno in DISK_FULL else errno.EIO)
+            return False
+        if self._head is None:
+            self._head = {"bytes": self.offset, "ends_line": self._ends_line}
+        self._segments.append(
+            {"seq": seq, "offset": self.offset, "lines": self.lines, "time": time.time()}
+        )
+        if len(self._segments) == 1:
+            self._head["tail_began"] = self._segments[0]["time"]
+        gone = self._segments[:-TAIL_SEGMENTS]
+        self._segments = self._segments[-TAIL_SEGMENTS:]
+        # The index names the new segment before the old one goes: a reader never finds
+        # a listed file missing unless it is a rotation behind (then it reads the index
+        # again).
+        self._index_due = not self._write_index()
+        for old in gone:
+            try:
+                os.unlink(segment_path(self._log_path, old["seq"]))
+            except OSError:
+                pass
+        if self._fd != self._log:
+            os.close(self._fd)
+        self._fd, self._seq, self._file_bytes = fd, seq, 0
+        return True
+
+    def _write_index(self) -> bool:
+        """False when it could not be written (it is tried again, as `later()` writes are)."""
+        try:
+            _write_json(
+                Path(index_path(self._log_path)),
+                {"max_bytes": self._max_bytes, "head": self._head, "segments": self._segments},
+            )
+            return True
+        except OSError:
+            return False
 
     def _full(self, number: int) -> None:
         if self._full_since is None:
@@ -240,6 +373,8 @@ class OutputPump:
         self._last_try = now
         with self._lock:
             self._later = [write for write in self._later if not write()]
+        if self._index_due:
+            self._index_due = not self._write_index()
         if self._full_since is None:
             return
         room = free_bytes(self._dir)
@@ -254,7 +389,7 @@ class OutputPump:
         if not self._ends_line:
             marker = b"\n" + marker
         self._full_since = None
-        if self._write(marker) == len(marker):
+        if self._store(marker) == len(marker):
             self._lost_bytes = self._lost_lines = 0
 
 
@@ -326,18 +461,26 @@ def write_spec(
     env: dict[str, str],
     cwd: str,
     log: Path,
+    log_max_bytes: int | None = None,
 ) -> Path:
     """Write an attempt's files and the shim's spec into `directory` (the daemon's part and
-    Slurm's part runner alike). The spec is its owner's alone: the environment may hold
-    secrets (WANDB_API_KEY...)."""
+    Slurm's part runner alike); `log_max_bytes` bounds the log (None: it is not). The spec
+    is its owner's alone: the environment may hold secrets (WANDB_API_KEY...)."""
     directory.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
         (directory / name).write_text(content)
     log.touch()
+    for stale in log.parent.glob(f"{log.name}.*"):  # a bounded log's files, from a dir reused
+        stale.unlink(missing_ok=True)
     path = directory / "shim.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.write(json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": str(log)}))
+        out.write(
+            json.dumps(
+                {"argv": argv, "env": env, "cwd": cwd, "log": str(log),
+                 "log_max_bytes": log_max_bytes}
+            )
+        )  # fmt: skip
     path.chmod(0o600)  # an older file kept its mode
     return path
 
@@ -379,7 +522,9 @@ def run(spec_path: Path, echo: Callable[[bytes], None] | None = None) -> int:
         )
         return 127
     os.close(write_end)  # the launcher and its ranks hold it: EOF once they are all gone
-    pump = OutputPump(read_end, log, spec["log"], echo).start()
+    bound = spec.get("log_max_bytes")
+    pump = OutputPump(read_end, log, spec["log"], echo, bound if isinstance(bound, int) else None)
+    pump.start()
     started = {"pid": launcher.pid, "started_at": time.time(), "subreaper": subreaper}
     if not _try_json(directory / "launcher.json", started):
         pump.later(lambda: _try_json(directory / "launcher.json", started))

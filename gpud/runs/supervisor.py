@@ -91,7 +91,13 @@ from launch.backends import (
     resolve_hints,
     resolve_nproc,
 )
-from launch.spec import RunSpec, SpecError, parse_spec, require_absolute_paths
+from launch.spec import (
+    DEFAULT_LOG_MAX_BYTES,
+    RunSpec,
+    SpecError,
+    parse_spec,
+    require_absolute_paths,
+)
 
 log = logging.getLogger("gpud.runs")
 
@@ -131,9 +137,12 @@ class Supervisor:
         clock: Callable[[], float] = time.time,
         attach: AttachConfig | None = None,
         ledger: CpuLedger | None = None,
+        logs_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
     ) -> None:
         self.node = node
         self.ledger = ledger or CpuLedger()
+        #: Each part's log holds at most this much, unless its spec's `logs.max_bytes` says.
+        self.logs_max_bytes = logs_max_bytes
         self.state = state
         self.store = store
         self.ingest = ingest
@@ -420,7 +429,8 @@ class Supervisor:
         try:
             Path(run.run_dir).mkdir(parents=True, exist_ok=True)
             Path(run.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            part.spawn(command.argv, env, command.cwd, command.files)
+            bound = spec.logs.max_bytes or self.logs_max_bytes
+            part.spawn(command.argv, env, command.cwd, command.files, bound)
         except OSError as exc:
             code = ErrorCode.UNAVAILABLE if exc.errno in DISK_FULL else ErrorCode.INTERNAL
             raise ProtocolError(code, f"{self.node}: cannot start the part: {exc}") from None
@@ -986,7 +996,7 @@ class Supervisor:
                 self._take_lines(self.book.get(run.id) or run, part, lines)
             if not moved:
                 return
-            read += moved
+            read += min(moved, SLICE_BYTES)  # more: it passed where a bounded log dropped
             await asyncio.sleep(0)
             if self.book.part(run.id) is not part:
                 return  # the part was replaced (a new attempt) while we yielded

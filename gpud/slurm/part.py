@@ -43,10 +43,11 @@ from gpud.attach.wire import AttachRequest, EndReport
 from gpud.patterns.tail import MetricsTail
 from gpud.runmodel import ExitInfo, RunState
 from gpud.runs import shim
+from gpud.runs.attempt_log import AttemptLog
 from gpud.runs.checkpoints import newest_checkpoint
 from gpud.runs.hints import HintFacts
 from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
-from launch.spec import RunSpec, parse_spec
+from launch.spec import DEFAULT_LOG_MAX_BYTES, RunSpec, parse_spec
 
 #: What the ranks send with each message on the daemon's shared ingest.
 TOKEN_ENV = "GPUD_INGEST_TOKEN"
@@ -149,7 +150,7 @@ def end_report(place: Placement, ended: Mapping[str, Any], stopping: bool) -> En
         return EndReport(state=RunState.SUCCEEDED, reason="exit 0", exit_code=0)
     attempt_dir = Path(place.attempt_dir)
     try:
-        log_text = (attempt_dir / "output.log").read_text(errors="replace")[-65536:]
+        log_text = AttemptLog.of(attempt_dir).tail_text(65536)
     except OSError:
         log_text = ""
     return failed_end(
@@ -183,8 +184,9 @@ def main(argv: list[str]) -> int:
     if link is not None:
         environ[TOKEN_ENV] = token
     spec_path = shim.write_spec(
-        attempt_dir, command.files, command.argv, environ, command.cwd, attempt_dir / "output.log"
-    )
+        attempt_dir, command.files, command.argv, environ, command.cwd,
+        attempt_dir / "output.log", spec.logs.max_bytes or DEFAULT_LOG_MAX_BYTES,
+    )  # fmt: skip
     (attempt_dir / "part.json").write_text(
         json.dumps(
             {"node_rank": place.node_rank, "node": place.node_name,

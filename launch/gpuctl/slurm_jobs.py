@@ -37,6 +37,7 @@ from gpud.runmodel import (
     cause_precedence,
     new_run_id,
 )
+from gpud.runs.attempt_log import AttemptLog
 from gpud.runs.causes import find_cause
 from gpud.runs.hints import HintFacts, with_hint
 from launch import slurm, slurm_states
@@ -234,7 +235,7 @@ class SlurmRun:
         for node_dir in sorted(attempt_dir.glob("node-*")) if attempt_dir else []:
             try:
                 ended = json.loads((node_dir / "exit.json").read_text())
-                text = (node_dir / "output.log").read_text(errors="replace")
+                text = AttemptLog.of(node_dir).whole().decode(errors="replace")
                 nproc = int(json.loads((node_dir / "part.json").read_text())["nproc"])
             except (OSError, ValueError, KeyError):
                 continue

@@ -10,6 +10,7 @@ import click
 
 from gpud.protocol import RunSummary
 from gpud.runmodel import RunState, steps_text
+from gpud.runs.attempt_log import AttemptLog
 from launch import slurm_states
 from launch.gpuctl import slurm_jobs
 from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, Ctl, fail
@@ -119,6 +120,6 @@ def logs(run: slurm_jobs.SlurmRun, tail: int | None) -> None:
     if not attempts:
         fail(f"run {run.id} has no output yet", EXIT_FAILED)
     for node in sorted(attempts[-1].glob("node-*/output.log")):
-        lines = node.read_text(errors="replace").splitlines()
+        lines = AttemptLog(node).whole().decode(errors="replace").splitlines()
         for line in lines[-tail:] if tail else lines:
             click.echo(line)

@@ -142,6 +142,21 @@ def test_a_fetched_tail_replaces_the_live_lines_it_covers() -> None:
     assert [ln.text for ln in model.runs["r-2"].logs.lines()] == ["a", "b", "c"]
 
 
+def test_the_mark_where_a_bounded_log_dropped_lines_shows_whatever_the_rank() -> None:
+    model, _, _ = one_node()
+    mark = (
+        "[gpud] ---- 39,518 line(s) (2.45 MB) dropped here, printed between 01:26:39 and"
+        " 01:26:42 (logs.max_bytes 200 kB) ----"
+    )
+    chunk = LogChunk(
+        run_id="r-2", node="n1", node_rank=0, attempt=1, offset=0, next_offset=300, size=300,
+        lines=["[default0]:head", "[default1]:head", mark, "[default1]:tail"], ended=False,
+    )  # fmt: skip
+    model.apply_log_chunk(chunk)
+    logs = model.runs["r-2"].logs
+    assert [ln.text for ln in logs.lines(rank=1)] == ["head", mark, "tail"]
+
+
 def test_wants_are_handed_out_once_for_focused_runs_only() -> None:
     model = scenes.fleet()
     run_id = "pretrain-7b-3f9a2c"

@@ -3,7 +3,9 @@
 Lines keep torchrun's `[default<local_rank>]:` prefix on the wire; here each line learns its
 local and global rank (global = node_rank × nproc + local_rank). A tail fetched with
 `run.logs` and the live `run.<id>.log` events can overlap: live lines the fetched chunk
-already covers (by byte offset) are dropped, and fetched lines sort before live ones.
+already covers (by byte offset) are dropped, and fetched lines sort before live ones. A
+mark where a bounded log dropped lines (`gpud.protocol.LOG_MARK_PREFIX`) passes every rank
+filter.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+from gpud.protocol import is_log_mark
 
 #: torchrun --tee prefixes every worker line with `[<role><local_rank>]:`.
 RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:")
@@ -136,7 +140,7 @@ class LogBuffer:
             (
                 ln
                 for ln in merged
-                if (rank is None or ln.rank == rank)
+                if (rank is None or ln.rank == rank or is_log_mark(ln.text))
                 and (needle is None or needle in ln.text.lower())
             ),
             maxlen=limit,

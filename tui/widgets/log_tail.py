@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from gpud.protocol import is_log_mark
 from tui.model.logs import LogLine
 from tui.model.runs import RunView
 
@@ -20,7 +21,9 @@ def line_text(line: LogLine, search: str | None = None) -> Text:
     text.append(" ")
     body = Text(line.text)
     lowered = line.text.lower()
-    if "error" in lowered or "traceback" in lowered:
+    if is_log_mark(line.text):
+        body.stylize("bold reverse yellow")  # lines were dropped here: not to be missed
+    elif "error" in lowered or "traceback" in lowered:
         body.stylize("red")
     elif "warn" in lowered:
         body.stylize("yellow")

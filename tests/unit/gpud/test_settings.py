@@ -13,6 +13,8 @@ def test_defaults_are_loopback_and_secure(tmp_path: Path) -> None:
     s = build_settings({"state_dir": tmp_path})
     assert (s.control, s.events) == ("tcp://127.0.0.1:7711", "tcp://127.0.0.1:7712")
     assert s.insecure is False and s.interval == 1.0 and s.simulate_gpus is None
+    assert s.logs_max_bytes == 100_000_000
+    assert build_settings({"logs_max_bytes": "2GiB"}).logs_max_bytes == 2 * 1024**3
 
 
 @pytest.mark.parametrize(
@@ -26,6 +28,7 @@ def test_defaults_are_loopback_and_secure(tmp_path: Path) -> None:
         ({"insecure": True, "events": "tcp://10.0.0.1:7712"}, "--insecure is refused"),
         ({"control": "tcp://127.0.0.1:1", "events": "tcp://127.0.0.1:1"}, "different addresses"),
         ({"log_level": "loud"}, "log_level"),
+        ({"logs_max_bytes": "1kB"}, "'1kB' is below the least bound, 64 kB"),
         ({"colour": "blue"}, "colour"),
     ],
 )

@@ -133,6 +133,9 @@ BAD_CONFIGS = [
     ("args: --fast\n", "args: Input should be a valid list"),
     ("notify:\n  - url: ftp://x/y\n", "notify.0.url: expected an http:// or https:// URL"),
     ("notify:\n  - url: https://x/y\n    formt: slack\n", "notify.0.formt: unknown key"),
+    ("logs:\n  max_bytes: lots\n", "logs.max_bytes: expected a size such as 100MB"),
+    ("logs:\n  max_bytes: 10kB\n", "logs.max_bytes: '10kB' is below the least bound, 64 kB"),
+    ("logs:\n  max_byte: 1GB\n", "logs.max_byte: unknown key (did you mean 'max_bytes'?)"),
 ]
 
 
@@ -235,3 +238,10 @@ def test_schema_forbids_unknown_keys_for_editors() -> None:
     schema = spec_json_schema()
     assert schema["additionalProperties"] is False
     assert schema["$defs"]["TrainingHints"]["additionalProperties"] is False
+
+
+def test_logs_max_bytes_takes_a_size_and_defaults_to_the_daemons(tmp_path: Path) -> None:
+    assert load_spec(write(tmp_path, MINIMAL)).logs.max_bytes is None
+    spec = load_spec(write(tmp_path, MINIMAL + "logs:\n  max_bytes: 200kB\n"))
+    assert spec.logs.max_bytes == 200_000
+    assert load_spec(write(tmp_path, MINIMAL), ["logs.max_bytes=2GiB"]).logs.max_bytes == 2**31
