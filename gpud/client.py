@@ -310,9 +310,7 @@ class Client:
             said = reply.error.message if reply.error else "unsupported protocol version"
             if reply.v < sent:
                 said = f"it runs a gpud that speaks protocol {reply.v}"
-            raise IncompatibleVersion(
-                f"{self.target.label}: {said}; this client (gpud {__version__}) speaks {speaks()}"
-            )
+            raise IncompatibleVersion(f"{said}; this client (gpud {__version__}) speaks {speaks()}")
         if not reply.ok:
             error = reply.error
             raise RequestFailed(
