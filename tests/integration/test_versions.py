@@ -2,16 +2,19 @@
 
 A real daemon: the three commands' `--version` and its `node.info` name the same release;
 a request in a protocol it does not speak, sent on a real socket, is refused in one line
-naming both versions. gpuctl facing a daemon that speaks no protocol gpuctl does (a gpud
-far older than any release the range covers: played by a bare ROUTER socket that answers
-as such a daemon would, since every real release is in range) says so in one line too.
+naming both versions, and a store a newer gpud wrote stops `gpud serve` in one line.
+gpuctl facing a daemon that speaks no protocol gpuctl does (a gpud far older than any
+release the range covers: played by a bare ROUTER socket that answers as such a daemon
+would, since every real release is in range) says so in one line too.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -19,7 +22,8 @@ import zmq
 from gpud import __version__
 from gpud.known_nodes import KnownNode, remember_node
 from gpud.protocol import MIN_PROTOCOL, PROTOCOL_VERSION
-from tests.support.daemons import RunningDaemon, free_port, gpuctl, run_cli
+from gpud.store import SCHEMA_VERSION
+from tests.support.daemons import RunningDaemon, free_port, gpuctl, run_cli, spawn_daemon
 
 
 def test_the_commands_and_node_info_report_one_version(daemon: RunningDaemon) -> None:
@@ -104,3 +108,20 @@ def test_gpuctl_says_in_one_line_that_it_cannot_talk_to_a_daemon_out_of_its_rang
         f"gpuctl: error: {ancient_gpud}: it runs a gpud that speaks protocol 0; this client"
         f" (gpud {__version__}) speaks {MIN_PROTOCOL}–{PROTOCOL_VERSION}"
     ]
+
+
+def test_a_store_a_newer_gpud_wrote_is_refused_in_one_line(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    db = sqlite3.connect(state / "gpud.db")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    proc, log, *_ = spawn_daemon(tmp_path, simulate_gpus=None, state_dir=state)
+    assert proc.wait(timeout=30) == 2
+    said = [line for line in log.read_text().splitlines() if "store schema" in line]
+    assert len(said) == 1 and "Traceback" not in log.read_text(), log.read_text()
+    assert said[0].endswith(
+        f"{state / 'gpud.db'} has store schema {SCHEMA_VERSION + 1}, written by a newer gpud;"
+        f" this gpud ({__version__}) reads schema {SCHEMA_VERSION} and older: run the newer"
+        " gpud on this state dir, or this one on another"
+    )
