@@ -2,4 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+#: The one place the release is set (semantic versioning): pyproject.toml reads it, and
+#: `gpud --version`, `gpuctl --version`, `gputop --version` and `node.info` report it. The
+#: wire protocol has a version of its own (`gpud.protocol.PROTOCOL_VERSION`).
+__version__ = "0.2.0"

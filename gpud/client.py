@@ -7,6 +7,14 @@ failures into two exception types a front end can map to exit codes: `Unreachabl
 answer, key refused, wrong pinned key) and `RequestFailed` (the daemon answered with an
 error).
 
+Versions: every request carries the protocol version it is written in, every reply the
+daemon's newest. A client starts at its own newest; a daemon that refuses it as too new
+(`unsupported_version`, an older gpud) has said which it speaks in that refusal, before
+doing anything, so the client asks again in that version and keeps it for the
+connection — if it still speaks it (`MIN_PROTOCOL`); otherwise, or when the daemon is
+too new for the client, `IncompatibleVersion` names both. `protocol()` tells a caller
+which the daemon speaks, for a feature an older daemon lacks.
+
 The socket monitor is what makes the failures precise: a CURVE handshake that the daemon
 rejects, or one that fails because the pinned key is wrong, is reported at once instead of
 ending in an anonymous timeout.
@@ -19,18 +27,22 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 from pydantic import ValidationError
 
+from gpud import __version__
 from gpud.endpoints import AddressError, events_endpoint_for, parse_endpoint
 from gpud.keys import KeyFileError, KeyPair, load_client_keypair
 from gpud.known_nodes import KnownNodes, load_known_nodes
 from gpud.protocol import (
+    MIN_PROTOCOL,
     NODE_EVENTS,
     NODE_EVENTS_ACK,
     NODE_HW,
     NODE_INFO,
+    PROTOCOL_VERSION,
     RUN_HEALTH,
     RUN_LIST,
     RUN_LOGS,
@@ -46,12 +58,14 @@ from gpud.protocol import (
     ListRequest,
     LogChunk,
     LogsRequest,
+    Message,
     Method,
     MetricsReply,
     MetricsRequest,
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
+    Reply,
     ReplyT,
     RequestT,
     ResumeRequest,
@@ -60,9 +74,11 @@ from gpud.protocol import (
     RunStatus,
     RunSummary,
     StopRequest,
+    UnknownKind,
     decode_event,
     decode_reply,
     encode_request,
+    speaks,
 )
 from gpud.runmodel import HealthSummary
 from gpud.snapshot import NodeSnapshot
@@ -93,6 +109,10 @@ class RequestFailed(ClientError):
         super().__init__(f"{message} [{code}]")
         self.code = code
         self.message = message
+
+
+class IncompatibleVersion(ClientError):
+    """The daemon and this client share no protocol version: one line naming both."""
 
 
 @dataclass(frozen=True)
@@ -253,8 +273,23 @@ class Client:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._watch.socket, zmq.POLLIN)
+        #: The daemon's newest protocol, from its latest reply (None: not heard yet).
+        self.daemon_protocol: int | None = None
 
     # ----------------------------------------------------------------- requests
+
+    @property
+    def version(self) -> int:
+        """The protocol this client writes its requests in: its own newest, or the
+        daemon's when that is older."""
+        return min(PROTOCOL_VERSION, self.daemon_protocol or PROTOCOL_VERSION)
+
+    def protocol(self) -> int:
+        """The newest protocol the daemon speaks (asks `node.info` if nothing said it yet)."""
+        if self.daemon_protocol is None:
+            self.node_info()
+        assert self.daemon_protocol is not None
+        return self.daemon_protocol
 
     def call(
         self,
@@ -263,10 +298,47 @@ class Client:
         timeout_s: float | None = None,
     ) -> ReplyT:
         """Send one request and wait for its reply; returns the method's reply model."""
-        request_id = f"{self._prefix}-{next(self._ids)}"
-        self._sock.send(encode_request(request_id, method, body if body is not None else Empty()))
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
+        message = body if body is not None else Empty()
+        sent = self.version
+        reply = self._exchange(method, message, sent, deadline, timeout)
+        if self._refused_version(reply) and MIN_PROTOCOL <= reply.v < sent:
+            # An older daemon refused the version before doing anything: ask in its own.
+            reply = self._exchange(method, message, reply.v, deadline, timeout)
+        if self._refused_version(reply):
+            said = reply.error.message if reply.error else "unsupported protocol version"
+            if reply.v < sent:
+                said = f"it runs a gpud that speaks protocol {reply.v}"
+            raise IncompatibleVersion(f"{said}; this client (gpud {__version__}) speaks {speaks()}")
+        if not reply.ok:
+            error = reply.error
+            raise RequestFailed(
+                error.code if error else ErrorCode.INTERNAL.value,
+                error.message if error else "the daemon reported an error",
+            )
+        try:
+            return method.reply.model_validate(reply.body)
+        except ValidationError as exc:
+            raise RequestFailed(
+                ErrorCode.INTERNAL.value,
+                f"unexpected reply to {method.name}: {exc.errors()[0]['msg']}",
+            ) from None
+
+    @staticmethod
+    def _refused_version(reply: Reply) -> bool:
+        return (
+            not reply.ok
+            and reply.error is not None
+            and reply.error.code == ErrorCode.UNSUPPORTED_VERSION.value
+        )
+
+    def _exchange(
+        self, method: Method[Any, Any], body: Message, version: int, deadline: float, timeout: float
+    ) -> Reply:
+        """Send one request in protocol `version` and wait for the reply with its id."""
+        request_id = f"{self._prefix}-{next(self._ids)}"
+        self._sock.send(encode_request(request_id, method, body, version))
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -286,19 +358,8 @@ class Client:
                     continue  # not a gpud reply; keep waiting for ours
                 if reply.id != request_id:
                     continue  # a late reply to an earlier, timed-out request
-                if not reply.ok:
-                    error = reply.error
-                    raise RequestFailed(
-                        error.code if error else ErrorCode.INTERNAL.value,
-                        error.message if error else "the daemon reported an error",
-                    )
-                try:
-                    return method.reply.model_validate(reply.body)
-                except ValidationError as exc:
-                    raise RequestFailed(
-                        ErrorCode.INTERNAL.value,
-                        f"unexpected reply to {method.name}: {exc.errors()[0]['msg']}",
-                    ) from None
+                self.daemon_protocol = reply.v
+                return reply
 
     def node_info(self) -> NodeInfo:
         return self.call(NODE_INFO)
@@ -385,6 +446,7 @@ class Subscription:
         self.set_prefixes(prefixes or ("",))
         self.socket.connect(endpoint)
         self.dropped = 0
+        self.skipped = 0  # events of a kind this client does not know
 
     def set_prefixes(self, prefixes: tuple[str, ...]) -> None:
         """Subscribe to exactly these topic prefixes from now on (the socket's thread)."""
@@ -404,6 +466,8 @@ class Subscription:
             frames = self.socket.recv_multipart()
             try:
                 return decode_event(frames)
+            except UnknownKind:
+                self.skipped += 1  # a newer daemon's kind of event: the others still come
             except (ValidationError, ValueError, UnicodeDecodeError):
                 self.dropped += 1
 

@@ -67,6 +67,7 @@ from gpud.prometheus import endpoint as metrics_endpoint
 from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
 from gpud.protocol import (
     GANG_STATUS,
+    MIN_PROTOCOL,
     NODE_DRAIN,
     NODE_EVENTS,
     NODE_EVENTS_ACK,
@@ -106,6 +107,7 @@ from gpud.protocol import (
     UndrainRequest,
     hw_topic,
     node_event_topic,
+    speaks,
 )
 from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 from gpud.runmodel import TrainerMessage
@@ -116,7 +118,7 @@ from gpud.runs.supervisor import Supervisor
 from gpud.settings import ServeSettings
 from gpud.snapshot import GpuSample, NodeEvent, NodeSnapshot, Severity
 from gpud.statedir import StateDir, StateDirBusy
-from gpud.store import Store
+from gpud.store import SchemaTooNew, Store
 
 log = logging.getLogger("gpud")
 
@@ -231,7 +233,16 @@ class Daemon:
                 raise StartupError(str(exc), EXIT_USAGE) from None
             self.server_public_key, server_secret = server.public, server.secret
             self._keys = server
-        self._store = Store(self.state.database)
+        try:
+            self._store = Store(self.state.database)
+        except SchemaTooNew as exc:
+            raise StartupError(str(exc), EXIT_USAGE) from None
+        log.info(
+            "store schema %d (gpud %s, protocol %s)",
+            self._store.schema_version,
+            __version__,
+            speaks(),
+        )
         self._audit = AuditLog(self.state.audit_log, int(s.audit_max_mb * 2**20))
         if ring is not None:
             ring.on_change = self._audit_key_changes
@@ -490,6 +501,9 @@ class Daemon:
             node=self.settings.node_name,
             version=__version__,
             protocol=PROTOCOL_VERSION,
+            min_protocol=MIN_PROTOCOL,
+            store_schema=self._store.schema_version if self._store is not None else None,
+            skipped_messages=self._ingest.skipped.total() if self._ingest is not None else 0,
             pid=os.getpid(),
             started_at=self.started_at,
             uptime_s=round(self._clock() - self.started_at, 3),

@@ -1,7 +1,10 @@
 """The trainer-facing sockets: ingest (PULL) and trainer control (PUB), both ipc.
 
 Ranks PUSH two-frame messages `[kind, json]` (see `gpud.runmodel.TRAINER_MESSAGES`); each
-is validated strictly and handed to the supervisor, or dropped and counted. Stop requests
+is validated (leniently: unknown fields are ignored) and handed to the supervisor, or
+dropped and counted. A kind this daemon does not know (a newer trainers library's) is
+skipped and counted apart (`skipped`, node.info's `skipped_messages`): the rank's other
+messages still count. Stop requests
 go out on the control PUB with the run id as topic. Both sockets live in the state dir
 (mode 0700), so only the daemon's own user reaches them.
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 import zmq
@@ -64,6 +68,8 @@ class Ingest:
         self._sync_control: zmq.Socket[bytes] = zmq.Socket.shadow(self._control.underlying)
         self.received = 0
         self.rejected = 0
+        #: Messages of a kind this daemon does not know, by kind (a newer library's).
+        self.skipped: Counter[str] = Counter()
 
     async def serve(self) -> None:
         poller = zmq.asyncio.Poller()
@@ -86,9 +92,13 @@ class Ingest:
 
     def _accept(self, frames: list[bytes], shared: bool = False) -> None:
         expected = 3 if shared else 2
-        model = TRAINER_MESSAGES.get(frames[0].decode(errors="replace")) if frames else None
-        if len(frames) != expected or model is None:
-            self._reject("unknown message kind" if model is None else "wrong frame count")
+        kind = frames[0].decode(errors="replace") if frames else ""
+        model = TRAINER_MESSAGES.get(kind)
+        if len(frames) != expected:
+            self._reject("wrong frame count")
+            return
+        if model is None:
+            self._skip(kind)
             return
         try:
             message = model.model_validate_json(frames[1])
@@ -105,6 +115,17 @@ class Ingest:
             self._handler(frames[0].decode(), message)
         except Exception:
             log.exception("handling a %s message failed", frames[0].decode())
+
+    def _skip(self, kind: str) -> None:
+        # Bounded: a kind is named in the count only while there are few of them.
+        key = kind[:32] if len(self.skipped) < 16 or kind[:32] in self.skipped else "other"
+        self.skipped[key] += 1
+        if self.skipped[key] == 1:
+            log.warning(
+                "skipped a trainer message of kind %r, which this gpud does not know (a newer"
+                " trainers library?): counted in node.info's skipped_messages",
+                key,
+            )
 
     def _reject(self, why: str) -> None:
         self.rejected += 1

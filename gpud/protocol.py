@@ -8,9 +8,14 @@ Control (ROUTER/DEALER) carries one request envelope and one reply envelope:
 
 Events (PUB/SUB) are two frames: the topic, then `{"v", "topic", "seq", "time", "body"}`.
 
-Inbound requests are validated strictly (unknown fields are errors); everything the daemon
-sends is read tolerantly, so old clients can read new daemons. `PROTOCOL_VERSION` moves on
-its own, apart from the package version.
+Compatibility (docs/DESIGN.md, "Compatibility"): every message is read leniently: a field
+the reader does not know is ignored, a field it knows that is missing takes its default,
+and a kind it does not know (a node event's, a trainer message's) is skipped and counted.
+Types, sizes and patterns stay checked, and so does what a person wrote (a run spec). A
+sender leaves out every field at its default, so an older peer sees a field added since
+only when it is used; a feature an older peer lacks is used only once its protocol
+version says it has it. `PROTOCOL_VERSION` moves on its own, apart from the package
+version; a daemon serves requests of `MIN_PROTOCOL` to `PROTOCOL_VERSION`.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
+from gpud import __version__
 from gpud.notify.targets import Format, Webhook, redact
 from gpud.runmodel import (
     Attachment,
@@ -36,9 +42,16 @@ from gpud.runmodel import (
     RunState,
     completed_steps,
 )
-from gpud.snapshot import Backend, Hold, NodeEvent, NodeSnapshot, Reading
+from gpud.snapshot import Backend, Hold, NodeEvent, NodeSnapshot, Reading, known_node_events
 
-PROTOCOL_VERSION = 1
+#: The protocol this code speaks, and the oldest it still serves: a request whose `v` is
+#: outside is refused with one line naming both. 1: gpud 0.1.0. 2: gpud 0.2.0 — lenient
+#: request bodies; `run.start`, `LaunchRequest.start_by_call` and `JoinRequest.hold` (a
+#: client checks the daemon speaks 2 before it sends them).
+PROTOCOL_VERSION = 2
+MIN_PROTOCOL = 1
+#: The protocol that brought `run.start`, `start_by_call` and `hold`.
+PROTOCOL_START_BY_CALL = 2
 #: Frames larger than this are refused by the socket itself (ZMQ_MAXMSGSIZE).
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 
@@ -84,10 +97,24 @@ class ProtocolError(Exception):
 # --------------------------------------------------------------------------- envelopes
 
 
-class Message(BaseModel):
-    """Base of every request body: strict, so a typo fails loudly."""
+def speaks(low: int = MIN_PROTOCOL, high: int = PROTOCOL_VERSION) -> str:
+    """A range of protocol versions as messages write it: `1–2`, or `2`."""
+    return str(high) if low == high else f"{low}–{high}"
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+def unsupported_version(version: int, low: int = MIN_PROTOCOL, high: int = PROTOCOL_VERSION) -> str:
+    """The one line a daemon refuses a request of another protocol with: both versions."""
+    return (
+        f"protocol version {version} is not supported: this daemon (gpud {__version__})"
+        f" speaks {speaks(low, high)}"
+    )
+
+
+class Message(BaseModel):
+    """Base of every request body. Lenient (unknown fields ignored), so a client or peer of
+    a later version is served; what each field holds (type, size, pattern) stays checked."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
     def audited(self) -> dict[str, Any]:
         """The body as the audit log keeps it: what holds a secret (a webhook URL) is
@@ -152,8 +179,17 @@ class NodeInfo(Reading):
     """Reply to `node.info`: who the daemon is and how to reach its events."""
 
     node: str
-    version: str
-    protocol: int
+    version: str = Field(description="the daemon's gpud release (gpud.__version__)")
+    protocol: int = Field(description="the newest protocol it speaks")
+    min_protocol: int = Field(1, description="the oldest protocol it still serves")
+    store_schema: int | None = Field(
+        None, description="its store's schema version (PRAGMA user_version)"
+    )
+    skipped_messages: int = Field(
+        0,
+        description="trainer messages of a kind this daemon does not know (a newer trainers"
+        " library), skipped since it started",
+    )
     pid: int
     started_at: float
     uptime_s: float
@@ -179,6 +215,21 @@ class NodeEventsRequest(Message):
 
 class NodeEventsReply(Reading):
     events: list[NodeEvent]
+    skipped: int = Field(
+        0, description="events of a kind this reader does not know (a newer daemon): left out"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _skip_unknown_kinds(cls, data: Any) -> Any:
+        # One event of a kind added later must not cost the reader the whole reply.
+        if isinstance(data, dict) and isinstance(data.get("events"), list):
+            known = known_node_events(data["events"])
+            left_out = len(data["events"]) - len(known)
+            if left_out:
+                skipped = int(data.get("skipped") or 0) + left_out
+                data = {**data, "events": known, "skipped": skipped}
+        return data
 
 
 class AckEventsRequest(Message):
@@ -766,12 +817,8 @@ def decode_request(frame: bytes) -> tuple[Request, Method[Any, Any], Message]:
         raise ProtocolError(ErrorCode.BAD_FRAME, describe_validation_error(exc)) from None
     except Exception as exc:
         raise ProtocolError(ErrorCode.BAD_FRAME, unexpected_error_line(exc)) from None
-    if req.v != PROTOCOL_VERSION:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_VERSION,
-            f"protocol version {req.v} is not supported; this daemon speaks {PROTOCOL_VERSION}",
-            req.id,
-        )
+    if not MIN_PROTOCOL <= req.v <= PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION, unsupported_version(req.v), req.id)
     method = METHODS.get(req.type)
     if method is None:
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown request type {req.type!r}", req.id)
@@ -788,10 +835,18 @@ def decode_request(frame: bytes) -> tuple[Request, Method[Any, Any], Message]:
     return req, method, body
 
 
-def encode_request(request_id: str, method: Method[Any, Any], body: Message) -> bytes:
+def encode_request(
+    request_id: str, method: Method[Any, Any], body: Message, version: int = PROTOCOL_VERSION
+) -> bytes:
+    """A request frame at protocol `version`. Fields at their default are left out: the
+    receiver fills them in, and an older one never sees a field it does not know unless it
+    is used."""
     return (
         Request(
-            v=PROTOCOL_VERSION, id=request_id, type=method.name, body=body.model_dump(mode="json")
+            v=version,
+            id=request_id,
+            type=method.name,
+            body=body.model_dump(mode="json", exclude_defaults=True),
         )
         .model_dump_json()
         .encode()
@@ -887,14 +942,21 @@ def encode_event(topic: str, seq: int, body: BaseModel, now: float | None = None
     return [topic.encode(), event.model_dump_json().encode()]
 
 
+class UnknownKind(ValueError):
+    """An event of a kind this reader does not know (a newer daemon's): skip it, count it."""
+
+
 def decode_event(frames: list[bytes]) -> Event:
-    """Parse a two-frame event; the body becomes its model when the topic is known."""
+    """Parse a two-frame event; the body becomes its model when the topic is known. A node
+    event of a kind this code does not know raises `UnknownKind`."""
     if len(frames) != 2:
         raise ValueError(f"an event has 2 frames, got {len(frames)}")
     event = Event.model_validate_json(frames[1])
     if event.topic != frames[0].decode(errors="replace"):
         raise ValueError("event topic frame and envelope disagree")
     model = _event_body_model(event.topic)
+    if model is NodeEvent and not known_node_events([event.body]):
+        raise UnknownKind(f"node event of unknown kind {event.body.get('kind')!r}")
     if model is not None:
         event = event.model_copy(update={"body": model.model_validate(event.body)})
     return event

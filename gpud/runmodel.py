@@ -468,9 +468,11 @@ NODE_FROM = "the node the rank runs on (on Kubernetes its pod's node, not the po
 
 
 class TrainerMessage(BaseModel):
-    """Base of what ranks send on the ingest socket: validated strictly."""
+    """Base of what ranks send on the ingest socket. Lenient, as every wire message is (the
+    trainers library in a rank may be a release ahead of or behind its daemon): unknown
+    fields are ignored; types and sizes are checked."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
     run: str = Field(max_length=128)
     attempt: int = Field(ge=1)

@@ -9,7 +9,7 @@ read a newer daemon's snapshots.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -250,6 +250,13 @@ NodeEventKind = Literal[
     "state_dir",
 ]
 Severity = Literal["info", "warning", "critical"]
+NODE_EVENT_KINDS: frozenset[str] = frozenset(get_args(NodeEventKind))
+
+
+def known_node_events(raw: list[Any]) -> list[Any]:
+    """The node events (as read off the wire) of a kind this code knows: a newer daemon's
+    new kind is left out (and counted by the caller), not fatal to the rest."""
+    return [e for e in raw if not isinstance(e, dict) or e.get("kind") in NODE_EVENT_KINDS]
 
 
 class NodeEvent(Reading):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from gpud import __version__
 from gpud.backlog import Backlog, GpuRelease, PortLease, PortRelease, cannot_write
 from gpud.runmodel import ACTIVE, AttemptRecord, MetricPoint, RunEvent, RunRecord
 from gpud.snapshot import Hold, NodeEvent
@@ -32,7 +33,12 @@ REPORT_S = 60.0
 #: Metric points per transaction when the backlog is written.
 FLUSH_BATCH = 5_000
 
-#: Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
+#: Schema migrations, applied in order; `PRAGMA user_version` records how many ran (the
+#: store's schema version), and `schema_history` (from the 5th on) which gpud ran them and
+#: when. A migration only adds: a newer gpud reads an older store after migrating it
+#: forward; an older gpud refuses a newer store (`SchemaTooNew`) rather than misread it.
+#: Rows are JSON of the models (`RunRecord`, ...), whose added fields have defaults, so an
+#: older row reads as it was written.
 MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE node_events (
@@ -102,7 +108,31 @@ MIGRATIONS: tuple[str, ...] = (
         body TEXT NOT NULL
     );
     """,
+    # gpud 0.2.0: which gpud migrated the store, from which schema version, and when.
+    """
+    CREATE TABLE schema_history (
+        version INTEGER PRIMARY KEY,
+        found INTEGER NOT NULL,
+        gpud TEXT NOT NULL,
+        migrated_at REAL NOT NULL
+    );
+    """,
 )
+#: The schema version this gpud writes.
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(Exception):
+    """The store was written by a newer gpud: this one refuses it rather than misread it."""
+
+
+class SchemaStep(NamedTuple):
+    """One row of `schema_history`: gpud `gpud` moved the store from `found` to `version`."""
+
+    version: int
+    found: int
+    gpud: str
+    migrated_at: float
 
 
 class GpuLease(NamedTuple):
@@ -286,16 +316,41 @@ class Store:
                 b.metrics.popleft()
 
     def _migrate(self) -> None:
-        (version,) = self._db.execute("PRAGMA user_version").fetchone()
-        if version > len(MIGRATIONS):
-            raise RuntimeError(
-                f"{self.path} was written by a newer gpud (schema {version}); upgrade gpud"
+        (found,) = self._db.execute("PRAGMA user_version").fetchone()
+        if found > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"{self.path} has store schema {found}, written by a newer gpud; this gpud"
+                f" ({__version__}) reads schema {SCHEMA_VERSION} and older: run the newer gpud"
+                " on this state dir, or this one on another"
             )
-        for number in range(version, len(MIGRATIONS)):
-            with self._db:
-                self._db.execute("BEGIN")
-                self._db.executescript(MIGRATIONS[number])
-                self._db.execute(f"PRAGMA user_version = {number + 1}")
+        if found == SCHEMA_VERSION:
+            return
+        # One transaction for every step: a crash midway leaves the store as it was.
+        with self._db:
+            self._db.execute("BEGIN")
+            for number in range(found, SCHEMA_VERSION):
+                for statement in _statements(MIGRATIONS[number]):
+                    self._db.execute(statement)
+            self._db.execute(
+                "INSERT OR REPLACE INTO schema_history (version, found, gpud, migrated_at)"
+                " VALUES (?, ?, ?, ?)",
+                (SCHEMA_VERSION, found, __version__, time.time()),
+            )
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if found:
+            log.info("store schema migrated from %d to %d", found, SCHEMA_VERSION)
+
+    @property
+    def schema_version(self) -> int:
+        """The store's schema version (`PRAGMA user_version`)."""
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def schema_history(self) -> list[SchemaStep]:
+        """Each migration of this store since gpud 0.2.0, oldest first."""
+        rows = self._db.execute(
+            "SELECT version, found, gpud, migrated_at FROM schema_history ORDER BY version"
+        ).fetchall()
+        return [SchemaStep(*row) for row in rows]
 
     def add_node_events(self, events: list[NodeEvent]) -> None:
         if events and not self._now_or_later(lambda: self._add_node_events(events)):
@@ -604,3 +659,9 @@ class Store:
 def _marks(values: tuple[str, ...]) -> str:
     """`?, ?, …`: one placeholder per value (never the values themselves)."""
     return ", ".join("?" for _ in values)
+
+
+def _statements(script: str) -> list[str]:
+    """A migration's statements, one by one: `executescript` would commit first, and every
+    step of an upgrade belongs to one transaction."""
+    return [part.strip() for part in script.split(";") if part.strip()]

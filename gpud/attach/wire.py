@@ -9,8 +9,10 @@ stays open for the part's life: `NodesUpdate` and `CoordinatorUpdate` lines as t
 runner learns where its run's other daemons are, and one `EndReport` when the part ends.
 A connection that closes without one means the part runner is gone.
 
-Each line is one JSON object, at most `MAX_LINE` bytes; the daemon validates every line
-strictly (unknown fields rejected) and answers a bad one with an error and a close.
+Each line is one JSON object, at most `MAX_LINE` bytes. Lines are read leniently, as every
+wire message is (a field the reader does not know is ignored: a part runner and its daemon
+may be of different releases); a first line that does not validate is answered with an
+error and a close, a later one (a kind this daemon does not know) is skipped.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ Scheduler = Literal["slurm", "kubernetes", "manual"]
 
 
 class _Line(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class AttachRequest(_Line):

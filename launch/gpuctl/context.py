@@ -22,6 +22,7 @@ from gpud.client import (
     Client,
     ClientError,
     ConfigError,
+    IncompatibleVersion,
     NodeTarget,
     RequestFailed,
     UnknownNode,
@@ -50,7 +51,7 @@ def fail(message: str, code: int) -> NoReturn:
 def exit_code_for(error: BaseException) -> int:
     if isinstance(error, Unreachable):
         return EXIT_UNREACHABLE
-    if isinstance(error, ConfigError):
+    if isinstance(error, (ConfigError, IncompatibleVersion)):
         return EXIT_USAGE
     if isinstance(error, RequestFailed):
         # A request the daemon found invalid (a spec asking for GPUs the node lacks) is

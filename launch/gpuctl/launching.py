@@ -8,6 +8,11 @@ start is refused, the run is stopped everywhere, so nothing is left half started
 `--queue` (or `queue: true`) a run whose GPUs are busy waits instead: node 0 queues it, the
 other nodes join its queue, and node 0 starts it when every node can give its GPUs at once.
 `--dry-run` asks every node what it would run and prints exactly that.
+
+A node whose gpud is older than `run.start` (protocol 1, gpud 0.1.0) gets the two-phase
+launch its own gpuctl sent: node 0's part starts at `run.launch`, each other node's at its
+join, and the first attempt has no collective check. gpuctl asks each node's protocol
+first, so a run with such a node among its nodes is launched that way on every node.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import click
 
 from gpud.client import Client, ClientError, NodeTarget, RequestFailed
 from gpud.protocol import (
+    PROTOCOL_START_BY_CALL,
     RUN_JOIN,
     RUN_LAUNCH,
     RUN_START,
@@ -115,8 +121,9 @@ def start(
     spares = _spares(ctl, spec, targets)
     refs = [_node_ref(t) for t in [*targets, *spares]]
     body = spec.model_dump(mode="json")
+    by_call = len(targets) > 1 and _all_start_by_call(ctl, [*targets, *spares])
     launch = LaunchRequest(
-        spec=body, nodes=refs, dry_run=dry_run, queue=queue, start_by_call=len(targets) > 1
+        spec=body, nodes=refs, dry_run=dry_run, queue=queue, start_by_call=by_call
     )
     with Client(targets[0], timeout_s=ctl.timeout) as client:
         reply = client.call(RUN_LAUNCH, launch)
@@ -150,6 +157,20 @@ def start(
     if reply.start_by_call:
         reply = _start_first_attempt(ctl, targets[0], reply, queue)
     return reply, joins
+
+
+def _all_start_by_call(ctl: Ctl, targets: list[NodeTarget]) -> bool:
+    """Whether every node's gpud has `run.start` (and `hold`): else the two-phase launch,
+    which every gpud serves. A node that does not answer is left to the launch or join to
+    report (as it would have)."""
+    for target in targets:
+        try:
+            with Client(target, timeout_s=ctl.timeout) as client:
+                if client.protocol() < PROTOCOL_START_BY_CALL:
+                    return False
+        except ClientError:
+            continue
+    return True
 
 
 def _start_first_attempt(

@@ -24,13 +24,14 @@ GARBAGE_JSON = [
     b'{"v": 1}',
     b'{"v": "1", "id": 1, "type": 2}',
     b'{"v": 1, "id": "x", "type": "node.info", "body": []}',
-    b'{"v": 1, "id": "x", "type": "node.info", "body": {"a": 1}}',
+    # (A field this daemon does not know is ignored, by the compatibility rule: not garbage.)
+    b'{"v": 1, "id": "x", "type": "node.events", "body": {"since": "yesterday"}}',
     b'{"v": 1, "id": "x", "type": "node.events", "body": {"limit": 1e308}}',
     b'{"v": 1, "id": "x", "type": "node.events.ack", "body": {"gpu_index": -1}}',
     b'{"v": 99, "id": "x", "type": "node.info"}',
     b'{"v": 1, "id": "x", "type": "' + b"a" * 10_000 + b'"}',
     json.dumps({"v": 1, "id": "x" * 1000, "type": "node.info"}).encode(),
-    '{"v": 1, "id": "\u2603", "type": "node.info", "bodyy": {}}'.encode(),
+    '{"v": 1, "id": "\u2603", "type": "node.events", "body": {"limit": "\u2603"}}'.encode(),
     b"\xff\xfe\xfd",
 ]
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gpud import __version__
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[2]
@@ -84,3 +86,6 @@ def test_installing_gpud_with_its_train_extra_leaves_the_environments_torch_alon
         [str(venv / "bin" / "gpuctl"), "--version"], capture_output=True, text=True
     )
     assert version.returncode == 0 and "(gpud)" in version.stdout
+    # One version: the package's metadata is gpud.__version__ (pyproject reads it).
+    assert ask("import importlib.metadata as m; print(m.version('gpud'))") == __version__
+    assert __version__ in version.stdout

@@ -103,14 +103,16 @@ def spawn_daemon(
     control_port: int | None = None,
     events_port: int | None = None,
     cwd: Path | None = None,
+    python: str | Path = sys.executable,
 ) -> tuple[subprocess.Popen[bytes], Path, str, str, Path]:
-    """Start `gpud serve` without waiting; returns (proc, log, control, events, state_dir)."""
+    """Start `gpud serve` without waiting; returns (proc, log, control, events, state_dir).
+    `python`: another install's interpreter (tests/integration/test_upgrade.py)."""
     control_port = control_port or free_port()
     events_port = events_port or free_port()
     state_dir = state_dir or tmp_path / f"state-{node}"
     log_path = tmp_path / f"gpud-{node}-{time.monotonic_ns()}.log"
     args = [
-        sys.executable,
+        str(python),
         "-m",
         "gpud",
         "serve",

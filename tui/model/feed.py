@@ -46,6 +46,7 @@ from gpud.protocol import (
     MetricsRequest,
     RunRef,
     RunStatus,
+    UnknownKind,
 )
 from tui.model.decode import decode
 from tui.model.fleet import FleetModel, Want
@@ -185,7 +186,8 @@ class EventThread:
     @staticmethod
     def _drain(sub: Subscription) -> list[Event]:
         """What the socket has queued, decoded (as `Subscription.recv` does, without a
-        poll per message); garbage is counted in `sub.dropped` and skipped."""
+        poll per message); garbage is counted in `sub.dropped` and skipped, an event of a kind
+        this gputop does not know in `sub.skipped`."""
         batch: list[Event] = []
         while len(batch) < BATCH:
             try:
@@ -194,6 +196,8 @@ class EventThread:
                 break
             try:
                 batch.append(decode(frames))
+            except UnknownKind:
+                sub.skipped += 1  # a newer daemon's kind of event: skipped, counted
             except (ValidationError, ValueError, UnicodeDecodeError):
                 sub.dropped += 1
         return batch

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from gpud import __version__
 from gpud.runmodel import AttemptRecord, MetricPoint, RunEvent, RunRecord, RunState
 from gpud.snapshot import NodeEvent
 from gpud.statedir import StateDir, StateDirBusy, held_by
-from gpud.store import MIGRATIONS, Store, StoreFull
+from gpud.store import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, Store, StoreFull
+
+#: A run as gpud 0.1.0 stored it (its RunRecord had no `bandwidth` nor `awaiting_start`).
+RUN_0_1_0 = {
+    "id": "old-abc123",
+    "name": "old",
+    "created_at": 1.0,
+    "spec": {"name": "old"},
+    "nodes": [{"control": "tcp://127.0.0.1:7711"}],
+    "node_rank": 0,
+    "state": "running",
+    "state_since": 2.0,
+    "run_dir": "/tmp/runs/old-abc123",
+    "checkpoint_dir": "/tmp/ckpt",
+    "last_step": 41,
+}
 
 
 def event(t: float, code: int) -> NodeEvent:
@@ -35,12 +52,51 @@ def test_events_survive_reopen_and_limit_keeps_the_newest(tmp_path: Path) -> Non
     store.close()
 
 
-def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+def test_a_newer_schema_is_refused_in_one_line_naming_both(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "db")
     db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
     db.close()
-    with pytest.raises(RuntimeError, match="newer gpud"):
+    with pytest.raises(SchemaTooNew) as refused:
         Store(tmp_path / "db")
+    said = str(refused.value)
+    assert f"store schema {len(MIGRATIONS) + 1}, written by a newer gpud" in said
+    assert f"({__version__}) reads schema {SCHEMA_VERSION} and older" in said
+    assert "\n" not in said
+
+
+def test_a_fresh_store_records_its_schema_and_who_wrote_it(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db")
+    assert store.schema_version == SCHEMA_VERSION == len(MIGRATIONS)
+    (step,) = store.schema_history()
+    assert (step.version, step.found, step.gpud) == (SCHEMA_VERSION, 0, __version__)
+    store.close()
+
+
+def test_a_store_of_gpud_0_1_0_is_migrated_forward_keeping_its_rows(tmp_path: Path) -> None:
+    """gpud 0.1.0 wrote schema 4 (the first four migrations): an upgrade keeps its runs and
+    records the step."""
+    db = sqlite3.connect(tmp_path / "db", isolation_level=None)
+    for script in MIGRATIONS[:4]:
+        db.executescript(script)
+    db.execute("PRAGMA user_version = 4")
+    run = RunRecord.model_validate(RUN_0_1_0)
+    db.execute(
+        "INSERT INTO runs (id, name, created_at, state, body) VALUES (?, ?, ?, ?, ?)",
+        (run.id, run.name, run.created_at, run.state.value, json.dumps(RUN_0_1_0)),
+    )
+    db.close()
+
+    store = Store(tmp_path / "db")
+    assert store.schema_version == SCHEMA_VERSION
+    assert [(s.found, s.version, s.gpud) for s in store.schema_history()] == [
+        (4, SCHEMA_VERSION, __version__)
+    ]
+    (kept,) = store.runs()
+    assert kept.id == "old-abc123" and kept.awaiting_start is False and kept.bandwidth == {}
+    store.close()
+    again = Store(tmp_path / "db")  # nothing more to do: no second record
+    assert len(again.schema_history()) == 1
+    again.close()
 
 
 def test_state_dir_is_held_by_one_owner(tmp_path: Path) -> None:
