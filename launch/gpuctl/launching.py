@@ -120,7 +120,10 @@ def start(
     node 0 refuses, `JoinFailed` when another node does."""
     spares = _spares(ctl, spec, targets)
     refs = [_node_ref(t) for t in [*targets, *spares]]
-    body = spec.model_dump(mode="json")
+    # What differs from the defaults only: each daemon fills in its own, so a key added in
+    # a later release reaches an older daemon (which refuses keys it does not know) only
+    # when the user set it.
+    body = spec.model_dump(mode="json", exclude_defaults=True)
     by_call = len(targets) > 1 and _all_start_by_call(ctl, [*targets, *spares])
     launch = LaunchRequest(
         spec=body, nodes=refs, dry_run=dry_run, queue=queue, start_by_call=by_call
