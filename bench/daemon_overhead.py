@@ -374,6 +374,9 @@ def main() -> None:
     parser.add_argument(
         "--idle-only", action="store_true", help="only the idle cost, split by component"
     )
+    parser.add_argument(
+        "--real", action="store_true", help="with --idle-only: this box's GPUs through NVML"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gpud-bench-") as tmp:
@@ -386,13 +389,15 @@ def main() -> None:
             webhooks_side_by_side(Path(tmp), args.gpus, args.duration, args.rounds)
             return
         if args.idle_only:
-            idle = start_daemon(Path(tmp), node="idle", simulate_gpus=args.gpus, interval=1.0)
+            gpus = None if args.real else args.gpus
+            idle = start_daemon(Path(tmp), node="idle", simulate_gpus=gpus, interval=1.0)
             try:
                 cpu, rss, _ = idle_cost(idle, args.duration)
             finally:
                 idle.stop()
+            what = "this box's GPUs (NVML)" if args.real else f"{args.gpus} simulated GPUs"
             print(
-                f"idle daemon, {args.gpus} simulated GPUs, 1 s interval, 1 subscriber,"
+                f"idle daemon, {what}, 1 s interval, 1 subscriber,"
                 f" {args.duration:.0f} s: {cpu * 100:.3f} % of a core, {rss:.1f} MB; of which:"
             )
             print_components()

@@ -703,3 +703,37 @@ def test_topology_is_read_once_and_a_count_of_gpus_is_leased_close_together(
     assert nvlink_samples[1].peer_distance == {0: bridge, 2: bridge, 3: 0}
     unknown = FakeNvml([h100() for _ in range(4)])  # no topology: the lowest free indices
     assert two_of(unknown) == [0, 1]
+
+
+# -- what a sample costs ---------------------------------------------------------------
+
+
+def test_the_costly_reads_come_every_30_s_and_an_unsupported_one_only_once(
+    open_sampler: OpenSampler, clock: FakeClock
+) -> None:
+    """On an H100 the energy counter (4.1 ms) and GPM's graphics activity (1.6 ms) were 5.7
+    of a sample's 7.3 ms of CPU, and a fan the board does not have cost 0.17 ms to be told
+    so again each second (docs/verified-on-gpu.md, 2026-11-27)."""
+    gpu = h100()
+    nvml = FakeNvml([gpu])
+    sampler = open_sampler(nvml)
+    samples = []
+    assert gpu.gpm is not None
+    for _ in range(10):
+        samples.append(sampler.sample()[0])
+        gpu.gpm[pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL] += 1.0  # it moves every second
+        gpu.energy_mj += 1000
+        clock.advance(1.0)
+    assert nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1
+    assert {s.energy_mj for s in samples} == {samples[0].energy_mj}  # the last reading
+    assert nvml.calls["nvmlDeviceGetFanSpeed"] == 1
+    assert all(s.fan_pct is None for s in samples)
+    graphics = [s.graphics_activity_pct for s in samples[1:]]
+    assert len(set(graphics)) == 1 and graphics[0] is not None, graphics
+    assert len({s.sm_activity_pct for s in samples[1:]}) == 1  # the cheap ones each time
+    clock.advance(30.0)
+    later = sampler.sample()[0]
+    assert nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2
+    first_energy = samples[0].energy_mj
+    assert first_energy is not None and later.energy_mj == first_energy + 10_000
+    assert later.graphics_activity_pct is not None and later.graphics_activity_pct > graphics[0]
