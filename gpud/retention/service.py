@@ -44,6 +44,8 @@ FIRST_PASS_S = 60.0
 SIZE_EVERY_S = 300.0
 #: Finished runs whose metrics one pass thins at most (the rest wait for the next).
 THIN_PER_PASS = 100
+#: What one step may hold the loop for (issue 22: 50 ms); a step over it is logged.
+HOLD_BUDGET_S = 0.050
 #: Batches between two checkpoints of the WAL in the retention thread.
 CHECKPOINT_EVERY = 16
 _TERMINAL = {s.value for s in TERMINAL}
@@ -152,7 +154,7 @@ class Retention:
         reply = GcReply(node=self._node, dry_run=dry_run, limits=self.settings.describe())
         if not dry_run and plan.facts.pruning:
             await self._finish_journal(plan.facts.pruning)
-        with self._holding():
+        with self._holding("choosing"):
             self._choose(plan)
         thin = await self._thread(lambda: self._plan_thinning(plan))
         over_events = (
@@ -326,17 +328,21 @@ class Retention:
     # ------------------------------------------------------------------ removing (loop)
 
     @contextmanager
-    def _holding(self) -> Iterator[None]:
-        """Time one stretch of work on the loop (no await inside)."""
+    def _holding(self, what: str) -> Iterator[None]:
+        """Time one stretch of work on the loop (no await inside); one over the budget is
+        logged, naming what it was."""
         started = time.perf_counter()
         try:
             yield
         finally:
-            self._longest_s = max(self._longest_s, time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self._longest_s = max(self._longest_s, took)
+            if took > HOLD_BUDGET_S:
+                log.warning("retention: %s held the loop %.0f ms", what, took * 1000)
 
     async def _remove(self, row: rows.RunRow, why: str, size: int) -> GcRun | None:
         db = self._store.db
-        with self._holding():
+        with self._holding("a run record"):
             held = self._supervisor.keeps(row.id)
             record = self._store.run(row.id)
             if held is not None or record is None or not record.state.terminal:
@@ -366,7 +372,7 @@ class Retention:
         count = 0
         for table in rows.RUN_TABLES:
             while True:
-                with self._holding():
+                with self._holding(f"a batch of {table}"):
                     done = rows.remove_some(self._store.db, table, run_id, batches)
                 count += done
                 await self._between_batches()
@@ -382,7 +388,7 @@ class Retention:
             removed = await self._thread(
                 lambda: files.remove_run_dir(Path(run_dir), self._state.runs, keeping)
             )
-        with self._holding():
+        with self._holding("the journal"):
             rows.end_removal(self._store.db, run_id)
         return removed
 
@@ -405,12 +411,12 @@ class Retention:
                 continue
             rest = points
             while rest:
-                with self._holding():
+                with self._holding("a batch of metric points"):
                     before = len(rest)
                     rest = rows.remove_points(self._store.db, run_id, rest, batches)
                     count += before - len(rest)
                 await self._between_batches()
-            with self._holding():
+            with self._holding("marking thinned"):
                 rows.mark_thinned(self._store.db, run_id, record.attempt, self._clock())
             if points:
                 log.info("retention: thinned run %s's old metrics: %d fewer", run_id, len(points))
@@ -420,7 +426,7 @@ class Retention:
         batches = rows.Batches()
         count = 0
         while over > count:
-            with self._holding():
+            with self._holding("a batch of node events"):
                 done = rows.remove_node_events(self._store.db, over - count, batches)
             count += done
             await self._between_batches()
@@ -431,7 +437,7 @@ class Retention:
     async def _vacuum(self) -> int:
         pages, total = 64, 0
         while True:
-            with self._holding():
+            with self._holding("a vacuum step"):
                 freed, took = compact.vacuum_some(self._store.db, pages)
             total += freed
             if not freed:
