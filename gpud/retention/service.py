@@ -443,7 +443,9 @@ class Retention:
             if not freed:
                 return total
             if took > 0:
-                pages = max(16, min(compact.PAGES * 4, int(pages * rows.TARGET_S / took)))
+                # Its cost per page varies a lot (pages moved, pointer maps): grow slowly.
+                wanted = int(pages * rows.TARGET_S / took)
+                pages = max(16, min(compact.PAGES, wanted, pages * 2))
             await self._between_batches()
 
     async def _between_batches(self) -> None:
