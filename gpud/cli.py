@@ -25,6 +25,7 @@ from gpud.settings import (
     SERVE_CONFIG_ENV,
     SettingsError,
     build_settings,
+    group_flags,
     load_config_file,
     readable_secrets,
 )
@@ -132,6 +133,44 @@ def main() -> None:
     " logs.max_bytes wins [100MB].",
 )
 @click.option(
+    "--retention-max-runs",
+    envvar="GPUD_RETENTION_MAX_RUNS",
+    type=int,
+    help="Finished runs kept (records, events, metrics, run dirs); 0: no bound [1000].",
+)
+@click.option(
+    "--retention-max-age-days",
+    envvar="GPUD_RETENTION_MAX_AGE_DAYS",
+    type=float,
+    help="Finished runs older than this (since they ended) are removed; 0: no bound [90].",
+)
+@click.option(
+    "--retention-max-bytes",
+    envvar="GPUD_RETENTION_MAX_BYTES",
+    metavar="SIZE",
+    help="Bytes of finished runs kept, e.g. 10GiB, 500M (checkpoints are not counted and"
+    " never removed); 0: no bound [10GiB].",
+)
+@click.option(
+    "--retention-node-events",
+    envvar="GPUD_RETENTION_NODE_EVENTS",
+    type=int,
+    help="Node events kept (XIDs, throttling, holds); 0: no bound [100000].",
+)
+@click.option(
+    "--retention-full-steps",
+    envvar="GPUD_RETENTION_FULL_STEPS",
+    type=int,
+    help="A finished run keeps every metric point of its last N steps; older points are"
+    " thinned to the curve's shape [10000].",
+)
+@click.option(
+    "--retention-interval-minutes",
+    envvar="GPUD_RETENTION_INTERVAL_MINUTES",
+    type=float,
+    help="Minutes between the daemon's own retention passes; 0: only `gpuctl gc` [60].",
+)
+@click.option(
     "--insecure",
     envvar="GPUD_INSECURE",
     is_flag=True,
@@ -153,6 +192,7 @@ def serve_command(ctx: click.Context, /, config_file: Path | None, **flags: Any)
         for name, value in flags.items():
             if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
                 values[name] = value
+        values = group_flags(values, "retention")
         settings = build_settings(values)
     except SettingsError as exc:
         _fail(str(exc), EXIT_USAGE)

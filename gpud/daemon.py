@@ -71,6 +71,7 @@ from gpud.protocol import (
     NODE_DRAIN,
     NODE_EVENTS,
     NODE_EVENTS_ACK,
+    NODE_GC,
     NODE_HW,
     NODE_INFO,
     NODE_UNDRAIN,
@@ -98,6 +99,8 @@ from gpud.protocol import (
     DrainReply,
     DrainRequest,
     Empty,
+    GcReply,
+    GcRequest,
     NodeEventsReply,
     NodeEventsRequest,
     NodeInfo,
@@ -110,6 +113,8 @@ from gpud.protocol import (
     speaks,
 )
 from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
+from gpud.retention.compact import ensure_incremental
+from gpud.retention.service import Retention
 from gpud.runmodel import TrainerMessage
 from gpud.runs import causes
 from gpud.runs.attached import AttachConfig
@@ -197,6 +202,7 @@ class Daemon:
         self._control: ControlServer | None = None
         self._healing: Healing | None = None
         self._notify: Notifier | None = None
+        self._retention: Retention | None = None
 
     # ------------------------------------------------------------------ start-up
 
@@ -237,6 +243,7 @@ class Daemon:
             self._store = Store(self.state.database)
         except SchemaTooNew as exc:
             raise StartupError(str(exc), EXIT_USAGE) from None
+        ensure_incremental(self._store.db, self.state.database)
         log.info(
             "store schema %d (gpud %s, protocol %s)",
             self._store.schema_version,
@@ -308,6 +315,9 @@ class Daemon:
             clock=self._clock,
         )  # fmt: skip
         self._notify.attach(self._supervisor)
+        self._retention = Retention(
+            s.retention, self._store, self.state, self._supervisor, s.node_name, self._clock
+        )
         self._latest, quarantined = self._healing.observe(self._latest)
         self._emit_node_events(quarantined)
         self.registry()  # every method has its handler, or the daemon does not start
@@ -473,6 +483,7 @@ class Daemon:
             bind(NODE_DRAIN, self._drain),
             bind(NODE_UNDRAIN, self._undrain),
             bind(NOTIFY_TEST, self._notify_test),
+            bind(NODE_GC, self._gc),
             bind(RUN_LAUNCH, sup.launch),
             bind(RUN_JOIN, sup.join),
             bind(RUN_STOP, sup.stop),
@@ -530,6 +541,10 @@ class Daemon:
     async def _notify_test(self, body: NotifyTestRequest, caller: Caller) -> NotifyTestReply:
         assert self._notify is not None
         return await self._notify.test(body, caller)
+
+    async def _gc(self, body: GcRequest, caller: Caller) -> GcReply:
+        assert self._retention is not None
+        return await self._retention.handle(body, caller)
 
     def _node_hw(self, body: Empty, caller: Caller) -> NodeSnapshot:
         assert self._latest is not None
@@ -616,7 +631,7 @@ class Daemon:
         metrics = await self._start_metrics()
         attach = await self._start_attach()
         assert self._supervisor is not None and self._ingest is not None
-        assert self._publisher is not None
+        assert self._publisher is not None and self._retention is not None
         tasks = [
             asyncio.create_task(control.serve(), name="control"),
             asyncio.create_task(self._publisher.serve(), name="events"),
@@ -625,6 +640,7 @@ class Daemon:
             asyncio.create_task(self._supervisor.serve(), name="supervisor"),
             asyncio.create_task(self._ingest.serve(), name="ingest"),
             asyncio.create_task(self._sample_forever(), name="sampler"),
+            asyncio.create_task(self._retention.serve(), name="retention"),
         ]
         stop = asyncio.create_task(self._stop.wait(), name="stop")
         done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -712,6 +728,8 @@ class Daemon:
             requests=dict(control.served_by) if control is not None else {},
             notify=self._notify.sender.snapshot() if self._notify is not None else {},
             components=self._ledger.totals(),
+            state_bytes=self._retention.size.parts() if self._retention is not None else {},
+            state_runs=self._store.count_runs() if self._store is not None else None,
         )
 
     def request_stop(self, sig: int | None = None) -> None:
@@ -729,6 +747,9 @@ class Daemon:
         if self._ingest is not None:
             self._ingest.close()
             self._ingest = None
+        if self._retention is not None:
+            self._retention.close()
+            self._retention = None
         if self._supervisor is not None:
             self._supervisor.gang.close()
             self._supervisor = None

@@ -271,6 +271,47 @@ class DrainReply(Reading):
     notes: list[str] = Field(default_factory=list)
 
 
+class GcRequest(Message):
+    """Apply retention now (`gpuctl gc`); with `dry_run`, only say what it would remove."""
+
+    dry_run: bool = False
+
+
+class GcRun(Reading):
+    """A finished run retention removed (or, in a dry run, would remove)."""
+
+    id: str
+    name: str
+    state: str
+    ended_at: float
+    why: str = Field(description="the bound it is over")
+    bytes: int = Field(description="its run dir (checkpoints left out), its database rows")
+    rows: int = Field(description="its metric points and events")
+    kept: list[str] = Field(default_factory=list, description="checkpoints left in place")
+    notes: list[str] = Field(default_factory=list)
+
+
+class GcReply(Reading):
+    """What one pass of retention did on a node (or, dry, would do)."""
+
+    node: str
+    dry_run: bool
+    limits: str = Field(description="the bounds, in one line")
+    removed: list[GcRun] = Field(default_factory=list)
+    finished_kept: int = Field(0, description="finished runs kept")
+    protected: int = Field(0, description="runs retention leaves alone now (active, queued...)")
+    thinned_runs: int = Field(0, description="finished runs whose old metric points thinned")
+    points_removed: int = 0
+    node_events_removed: int = 0
+    state_bytes: int = Field(0, description="the database and run dirs after the pass")
+    checkpoint_bytes: int = Field(0, description="checkpoints in the state dir (never removed)")
+    runs: int = Field(0, description="run records after the pass")
+    vacuumed_pages: int = 0
+    longest_block_ms: float = Field(0.0, description="the longest the pass held the loop")
+    elapsed_s: float = 0.0
+    notes: list[str] = Field(default_factory=list)
+
+
 class NotifyTestRequest(Message):
     """Send a test alert to this webhook, or (omitted) to every webhook the daemon has."""
 
@@ -721,6 +762,9 @@ NOTIFY_TEST = Method(
     Role.OPERATOR,
     "send a test alert to the webhooks and say what each answered",
 )
+NODE_GC = Method(
+    "node.gc", GcRequest, GcReply, Role.OPERATOR, "apply retention now (or say what it would)"
+)
 RUN_LAUNCH = Method("run.launch", LaunchRequest, LaunchReply, Role.OPERATOR, "create, start a run")
 RUN_JOIN = Method("run.join", JoinRequest, JoinReply, Role.OPERATOR, "start this node's part")
 RUN_STOP = Method("run.stop", StopRequest, RunSummary, Role.OPERATOR, "stop a run")
@@ -764,6 +808,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         NODE_DRAIN,
         NODE_UNDRAIN,
         NOTIFY_TEST,
+        NODE_GC,
         RUN_LAUNCH,
         RUN_JOIN,
         RUN_STOP,

@@ -20,6 +20,7 @@ from gpud.kube.podresources import DEFAULT_SOCKET
 from gpud.notify.targets import Webhook
 from gpud.paths import config_dir, default_state_dir
 from gpud.protocol import describe_validation_error
+from gpud.retention.policy import RetentionSettings
 from launch.spec import DEFAULT_LOG_MAX_BYTES, LogBound
 
 SERVE_CONFIG_ENV = "GPUD_SERVE_CONFIG"
@@ -95,6 +96,12 @@ class ServeSettings(BaseModel):
         max_length=32,
         description="webhooks that get alerts (a run failed, stalled or hung; a GPU"
         " quarantined): url, format (json, slack, discord), events; config file only",
+    )
+    retention: RetentionSettings = Field(
+        default_factory=RetentionSettings,
+        description="what the state dir keeps of finished runs and node events (README,"
+        " Retention and state size): max_runs, max_age_days, max_bytes, node_events,"
+        " full_steps, interval_minutes",
     )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
     log_level: str = Field("info", description="debug, info, warning or error")
@@ -227,6 +234,23 @@ def readable_secrets(path: Path | None, settings: ServeSettings) -> str | None:
         f"{path} holds webhook URLs, which are secrets, and others may read it"
         f" (mode {mode & 0o777:o}): chmod 600 {path}"
     )
+
+
+def group_flags(values: dict[str, Any], group: str) -> dict[str, Any]:
+    """`--retention-max-runs` (`retention_max_runs`) into `retention: {max_runs}`, over what
+    the config file's `retention:` says."""
+    prefix = f"{group}_"
+    flat = {k.removeprefix(prefix): v for k, v in values.items() if k.startswith(prefix)}
+    out = {k: v for k, v in values.items() if not k.startswith(prefix)}
+    given = {k: v for k, v in flat.items() if v is not None}
+    if not given:
+        return out
+    nested = out.get(group)
+    if nested is not None and not isinstance(nested, dict):
+        raise SettingsError(f"{group}: expected a mapping of setting: value")
+    merged = {str(k).replace("-", "_"): v for k, v in (nested or {}).items()}
+    out[group] = {**merged, **given}
+    return out
 
 
 def build_settings(values: dict[str, Any], source: str = "settings") -> ServeSettings:

@@ -32,6 +32,8 @@ RETRY_S = 1.0
 REPORT_S = 60.0
 #: Metric points per transaction when the backlog is written.
 FLUSH_BATCH = 5_000
+#: The WAL file is truncated to this after a checkpoint (a big removal grows it).
+WAL_LIMIT_BYTES = 64 * 2**20
 
 #: Schema migrations, applied in order; `PRAGMA user_version` records how many ran (the
 #: store's schema version), and `schema_history` (from the 5th on) which gpud ran them and
@@ -117,6 +119,26 @@ MIGRATIONS: tuple[str, ...] = (
         migrated_at REAL NOT NULL
     );
     """,
+    # Retention (gpud.retention): `gpuctl ps` over 10,000 runs reads the newest by an index;
+    # a removed run leaves its usage; `pruning` lists removals under way (finished after a
+    # crash); `metrics_thinned` the runs whose old metric points were thinned, and when.
+    """
+    CREATE INDEX runs_created ON runs(created_at);
+    CREATE TABLE run_usage (
+        run_id TEXT PRIMARY KEY,
+        ended_at REAL,
+        body TEXT NOT NULL
+    );
+    CREATE TABLE pruning (
+        run_id TEXT PRIMARY KEY,
+        body TEXT NOT NULL
+    );
+    CREATE TABLE metrics_thinned (
+        run_id TEXT PRIMARY KEY,
+        attempt INTEGER NOT NULL,
+        at REAL NOT NULL
+    );
+    """,
 )
 #: The schema version this gpud writes.
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -158,9 +180,15 @@ class Store:
         self.path = path
         self._clock = clock
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        if self._db.execute("PRAGMA user_version").fetchone()[0] == 0:
+            # A new database takes it before its first page is written; an older one is
+            # converted once, at start-up, by gpud.retention.compact (a VACUUM).
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
+        # After a large removal the WAL is cut back to this, not left at its high mark.
+        self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         self._migrate()
         self._backlog = Backlog()
         self._full_since: float | None = None  # wall time of the first refused write
@@ -170,6 +198,12 @@ class Store:
         self._announced_at: float | None = None  # when "is full" was last logged
         self._announced = False  # this episode was: its end is logged too
         self._failed_retries = 0
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The connection, for gpud.retention's batched removals (on the loop thread only,
+        as every write here)."""
+        return self._db
 
     # ------------------------------------------------------------------ a full disk
 
@@ -416,6 +450,11 @@ class Store:
         if active_only:
             merged = [run for run in merged if run.state in ACTIVE]
         return sorted(merged, key=lambda run: run.created_at, reverse=True)[:limit]
+
+    def count_runs(self) -> int:
+        """Run records on disk (`gpud_state_runs`)."""
+        (count,) = self._db.execute("SELECT count(*) FROM runs").fetchone()
+        return int(count)
 
     def put_attempt(self, attempt: AttemptRecord) -> None:
         if not self._now_or_later(lambda: self._put_attempt(attempt)):

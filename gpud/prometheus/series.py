@@ -276,6 +276,10 @@ class DaemonStats:
     notify: dict[str, int] = field(default_factory=dict)
     #: The daemon's CPU by component (gpud.ledger).
     components: dict[str, float] = field(default_factory=dict)
+    #: The state dir's bytes by part (database, runs, checkpoints), as last measured.
+    state_bytes: dict[str, int] = field(default_factory=dict)
+    #: Run records in the state dir.
+    state_runs: int | None = None
 
 
 def gpu_families(
@@ -507,3 +511,17 @@ def host_families(host: HostSample, daemon: DaemonStats) -> Iterator[Metric]:
     for result in DELIVERY_RESULTS:
         deliveries.add_metric([result], float(daemon.notify.get(result, 0)))
     yield deliveries
+    if daemon.state_bytes:
+        state = _gauge(
+            "gpud_state_bytes",
+            "The state dir's size by part: database, runs (run dirs, checkpoints left out:"
+            " what retention bounds with the database) and checkpoints (never removed).",
+            ("part",),
+        )
+        for part, size in daemon.state_bytes.items():
+            state.add_metric([part], float(size))
+        yield state
+    if daemon.state_runs is not None:
+        runs = _gauge("gpud_state_runs", "Run records in the state dir (any state).")
+        runs.add_metric([], float(daemon.state_runs))
+        yield runs

@@ -123,6 +123,11 @@ class RunBook:
         """A run from memory or the store, without the not-found error."""
         return self._runs.get(run_id) or self.store.run(run_id)
 
+    def forget(self, run_id: str) -> None:
+        """Let go of an ended run retention removes (gpud.retention): it is unknown after."""
+        self._runs.pop(run_id, None)
+        self._parts.pop(run_id, None)
+
     # ------------------------------------------------------------------ runs
 
     def load(self, run: RunRecord) -> None:

@@ -237,6 +237,16 @@ class Gang:
         task = self._busy.get(run_id)
         return task is None or task.done()
 
+    def watching(self, run_id: str) -> bool:
+        """Whether node 0 still works on the run: a poll, restart or start under way, or
+        its leftover parts on nodes that were lost (retention leaves such a run alone)."""
+        return not self._idle(run_id) or run_id in self._orphans
+
+    def forget(self, run_id: str) -> None:
+        """Let go of an ended run retention removed."""
+        self.views.pop(run_id, None)
+        self._queue_tried.pop(run_id, None)
+
     # ------------------------------------------------------------------ views
 
     def view(self, run: RunRecord) -> GangView:

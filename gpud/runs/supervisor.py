@@ -497,7 +497,9 @@ class Supervisor:
         self.store.lease_port(port, run_id, 1, self.clock())
         run = self.book.add(run)
         self._trust_members(run)
-        self.book.event(run, "launch", f"launched by {caller.name} on {len(nodes)} node(s)")
+        self.book.event(
+            run, "launch", f"launched by {caller.name} on {len(nodes)} node(s)", by=caller.name
+        )
         self._warn(run, warnings)
         self.start_part(run, spec, 1, master_addr, port, ResumePoint(None))
         run = self.book.move(run.id, RunState.STARTING, f"attempt 1 on {len(nodes)} node(s)")
@@ -522,7 +524,8 @@ class Supervisor:
         self._trust_members(run)
         where = f"{len(run.nodes)} node(s)"
         said = "" if awaiting_start else f", queued: {why}"
-        self.book.event(run, "launch", f"launched by {caller.name} on {where}{said}")
+        said = f"launched by {caller.name} on {where}{said}"
+        self.book.event(run, "launch", said, by=caller.name)
         self._warn(run, warnings)
         run = self.book.move(run.id, RunState.QUEUED, why)
         return LaunchReply(
@@ -611,7 +614,9 @@ class Supervisor:
         run = self.book.add(run.model_copy(update={"queued_at": req.queued_at}))
         if nodes[0].server_key:
             self.peer_keys.grant(nodes[0].server_key, run.id)
-        self.book.event(run, "join", f"joined as node {req.node_rank} by {caller.name}")
+        self.book.event(
+            run, "join", f"joined as node {req.node_rank} by {caller.name}", by=caller.name
+        )
         if queued:
             why = "node 0 starts it after its preflight" if req.hold else None
             run = self.book.move(
@@ -629,7 +634,9 @@ class Supervisor:
         run = self.book.add(run)
         if nodes[0].server_key:
             self.peer_keys.grant(nodes[0].server_key, run.id)
-        self.book.event(run, "join", f"joined as spare node {run.node_rank} by {caller.name}")
+        self.book.event(
+            run, "join", f"joined as spare node {run.node_rank} by {caller.name}", by=caller.name
+        )
         run = self.book.move(
             run.id, RunState.PENDING, "a spare: node 0 starts a part here if a node is lost"
         )
@@ -1023,6 +1030,32 @@ class Supervisor:
 
     def _forget_patterns(self, run: RunRecord) -> None:
         self._patterns.pop(run.id, None)
+
+    # ================================================================== retention
+
+    def keeps(self, run_id: str) -> str | None:
+        """Why retention (gpud.retention) must leave this run alone now; None: it may go."""
+        run = self.book.get(run_id)
+        if run is not None and not run.state.terminal:
+            return run.state.value
+        part = self.book.part(run_id)
+        if part is not None and not part.record.state.terminal:
+            return f"its part here is still {part.record.state.value}"
+        if self.gang.watching(run_id):
+            return "node 0 still works on it (a poll, a start, or parts left on lost nodes)"
+        if run_id in self._starting:
+            return "starting"
+        return None
+
+    def forget(self, run_id: str) -> None:
+        """Let go of an ended run retention removed: unknown here from now on."""
+        self.book.forget(run_id)
+        self.telemetry.forget(run_id)
+        self.gang.forget(run_id)
+        self._patterns.pop(run_id, None)
+        self._hangs.pop(run_id, None)
+        self._last_stop_sent.pop(run_id, None)
+        self._last_pids.pop(run_id, None)
 
     def _on_found(self, run_id: str, found: Found) -> None:
         """On the loop: what a run's pattern thread found."""

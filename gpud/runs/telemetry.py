@@ -99,6 +99,12 @@ class Telemetry:
         #: second): gpud.notify's stall alerts.
         self.on_health: list[Callable[[RunRecord, HealthSummary], None]] = []
 
+    def forget(self, run_id: str) -> None:
+        """Let go of an ended run retention removed."""
+        self.runs.pop(run_id, None)
+        self.peer_health.pop(run_id, None)
+        self.health.pop(run_id, None)
+
     def _of(self, run_id: str, attempt: int) -> _RunTelemetry:
         current = self.runs.get(run_id)
         if current is None or current.attempt != attempt:

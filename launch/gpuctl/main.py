@@ -32,6 +32,7 @@ VERBS = {
     "drain": "launch.gpuctl.drain:drain_command",
     "undrain": "launch.gpuctl.drain:undrain_command",
     "notify": "launch.gpuctl.notify:notify_group",
+    "gc": "launch.gpuctl.gc:gc_command",
     "keys": "launch.gpuctl.keys:keys_group",
     "completion": "launch.gpuctl.completion:completion_command",
 }

@@ -52,6 +52,10 @@ IO_PROJECT_MODULES = (
     "gpud.notify.service",
     "gpud.paths",
     "gpud.publisher",
+    "gpud.retention.compact",
+    "gpud.retention.files",
+    "gpud.retention.rows",
+    "gpud.retention.service",
     "gpud.runs",
     "gpud.settings",
     "gpud.slurm",
@@ -110,6 +114,12 @@ CONTRACTS = [
         covers=("gpud.notify.targets", "gpud.notify.alerts", "gpud.notify.payloads"),
         forbidden=IO_LIBRARIES + IO_PROJECT_MODULES + ("urllib.request", "http"),
         static_only=("socket", "subprocess", "urllib.request", "http"),
+    ),
+    Contract(
+        "retention's choice, thinning and usage rows do no I/O",
+        covers=("gpud.retention.policy", "gpud.retention.reduce", "gpud.retention.usage"),
+        forbidden=IO_LIBRARIES + IO_PROJECT_MODULES,
+        static_only=("socket", "subprocess"),
     ),
     Contract(
         "gpud never imports the front ends",

@@ -151,6 +151,7 @@ def test_every_method_has_a_role_and_operator_methods_are_few() -> None:
         "node.drain",
         "node.undrain",
         "node.notify.test",
+        "node.gc",
         "run.launch",
         "run.join",
         "run.stop",
