@@ -116,7 +116,6 @@ from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 from gpud.retention.compact import ensure_incremental
 from gpud.retention.service import Retention
 from gpud.runmodel import TrainerMessage
-from gpud.runs import causes
 from gpud.runs.attached import AttachConfig
 from gpud.runs.simload import SimulatedLoads
 from gpud.runs.supervisor import Supervisor
@@ -671,9 +670,9 @@ class Daemon:
         """A state dir that fills, or has room again, is a node event; while it is full,
         the snapshot (`gpuctl hw`, gputop) says so, and launches are refused
         (`Supervisor._check_room`)."""
-        assert self._store is not None
+        assert self._supervisor is not None
         root = self.state.root
-        full = self._store.full or causes.full_disk(root, f"the state dir {root}")
+        full = self._supervisor.state_full()
         if (full is None) == (self._state_full is None):
             self._state_full = full
             return

@@ -351,12 +351,22 @@ class Supervisor:
         could not be kept (the store retries first). SQLite may still find room in pages
         it holds, so the disk's own free space counts too."""
         self.store.retry(force=True)
-        root = self.state.root
-        full = self.store.full or causes.full_disk(root, f"the state dir {root}")
+        full = self.state_full()
         if full is not None:
             raise ProtocolError(
                 ErrorCode.UNAVAILABLE, f"{self.node}: {full}; free space there and try again"
             )
+
+    def state_full(self) -> str | None:
+        """Why the state dir cannot take more, in one line, or None: its database waits for
+        room, or its disk (or that of `runs/`, often a disk of its own) is full."""
+        root = self.state.root
+        runs = root / "runs"
+        return (
+            self.store.full
+            or causes.full_disk(root, f"the state dir {root}")
+            or (causes.full_disk(runs, f"the run dirs' disk {runs}") if runs.is_dir() else None)
+        )
 
     def reserve_gpus(
         self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str]

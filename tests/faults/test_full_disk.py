@@ -20,6 +20,7 @@ from gpud.runmodel import CauseKind, RunState
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.disk import SmallDisk, small_disk
 from tests.support.runs import (
+    CPU_DDP,
     FAST,
     assert_no_gap,
     launch,
@@ -258,3 +259,44 @@ def test_a_checkpoint_that_does_not_fit_names_the_disk_and_leaves_nothing_behind
         assert saved and all(name.startswith("step_") for name in saved), saved
         log_text = (Path(s.attempts[-1].attempt_dir) / "output.log").read_text()
         assert f"removed {abandoned}: a save that never finished left it" in log_text
+
+
+def test_run_dirs_on_a_disk_of_their_own_that_fills_lose_no_metric(
+    daemons: Daemons, tmp_path: Path
+) -> None:
+    """The state dir's `runs/` on a disk of its own (as operators mount a big one there):
+    it fills while a DDP run trains. The run trains on, the daemon refuses launches naming
+    that disk and says so in `gpuctl hw`; once there is room it has every step's metrics,
+    read again from what rank 0 wrote to its run dir."""
+    state = tmp_path / "state"
+    (state / "runs").mkdir(parents=True)
+    with small_disk(state / "runs", "12m") as runs_disk:
+        daemon = daemons(node="n0", simulate_gpus=None, state_dir=state)
+        total = 1200
+        run_id = launch(
+            daemon, FAST, f"training.max_steps={total}", f"checkpoint.dir={tmp_path / 'ckpt'}",
+            "env={GPUD_TEST_SLOW_RANK: '1', GPUD_TEST_SLOW_S: '0.015'}",
+        )  # fmt: skip
+        wait_for_step(daemon, run_id, 20)
+        runs_disk.fill()
+        before = status(daemon, run_id).run.last_step or 0
+        refused = gpuctl("--node", daemon.address, "launch", str(CPU_DDP))
+        assert refused.returncode != 0, refused.stdout
+        assert f"the run dirs' disk {state / 'runs'} is full" in refused.stderr, refused.stderr
+        until(
+            "gpuctl hw says so",
+            lambda: (
+                "STATE DIR FULL: the run dirs' disk"
+                in gpuctl("--node", daemon.address, "hw").stdout
+            ),
+            timeout=10,
+        )
+        time.sleep(4.0)
+        s = status(daemon, run_id)
+        assert s.run.state is RunState.RUNNING, s.run.reason
+        assert (s.run.last_step or 0) - before > 10
+        runs_disk.make_room()
+        s = wait_for(daemon, run_id, {"succeeded", "failed", "stopped"}, timeout=180)
+        assert s.run.state is RunState.SUCCEEDED, s.run.reason
+        assert_no_gap(steps_recorded(daemon, run_id), total)
+        daemon.stop()
