@@ -184,6 +184,23 @@ def test_a_shim_that_dies_on_a_full_state_dir_names_the_disk(
     )
 
 
+#: Long enough to still train once there is room again: the example saves its final model
+#: into the run dir, which a full disk refuses. Steps of at least 15 ms (rank 1 made
+#: slower) take 18 s or more however idle the box is (at ~80 steps/s on 2 idle cores,
+#: 1200 steps once ended inside the 5 s full).
+DDP_STEPS = 1200
+
+
+def slow_ddp(daemon: RunningDaemon, tmp_path: Path) -> str:
+    """A CPU DDP run of DDP_STEPS, checkpoints outside the state dir, past its 20th step."""
+    run_id = launch(
+        daemon, FAST, f"training.max_steps={DDP_STEPS}", f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "env={GPUD_TEST_SLOW_RANK: '1', GPUD_TEST_SLOW_S: '0.015'}",
+    )  # fmt: skip
+    wait_for_step(daemon, run_id, 20)
+    return run_id
+
+
 def test_a_ddp_run_trains_on_through_a_full_state_dir_and_loses_no_metric(
     daemons: Daemons, tmp_path: Path, state_disk: SmallDisk
 ) -> None:
@@ -191,16 +208,7 @@ def test_a_ddp_run_trains_on_through_a_full_state_dir_and_loses_no_metric(
     rank 0 its metrics.jsonl: with no room, they train on, and once there is room the
     daemon has every step's metrics."""
     daemon = daemons(node="n0", simulate_gpus=None, state_dir=state_disk.path)
-    # Long enough to still train once there is room again: the example saves its final
-    # model into the run dir, which a full disk refuses. Steps of at least 15 ms (rank 1
-    # made slower) take 18 s or more however idle the box is (at ~80 steps/s on 2 idle
-    # cores, 1200 steps once ended inside the 5 s full).
-    total = 1200
-    run_id = launch(
-        daemon, FAST, f"training.max_steps={total}", f"checkpoint.dir={tmp_path / 'ckpt'}",
-        "env={GPUD_TEST_SLOW_RANK: '1', GPUD_TEST_SLOW_S: '0.015'}",
-    )  # fmt: skip
-    wait_for_step(daemon, run_id, 20)
+    run_id = slow_ddp(daemon, tmp_path)
     state_disk.fill()
     before = status(daemon, run_id).run.last_step or 0
     time.sleep(5.0)
@@ -212,7 +220,7 @@ def test_a_ddp_run_trains_on_through_a_full_state_dir_and_loses_no_metric(
     state_disk.make_room()
     s = wait_for(daemon, run_id, {"succeeded", "failed", "stopped"}, timeout=180)
     assert s.run.state is RunState.SUCCEEDED, s.run.reason
-    assert_no_gap(steps_recorded(daemon, run_id), total)
+    assert_no_gap(steps_recorded(daemon, run_id), DDP_STEPS)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -272,12 +280,7 @@ def test_run_dirs_on_a_disk_of_their_own_that_fills_lose_no_metric(
     (state / "runs").mkdir(parents=True)
     with small_disk(state / "runs", "12m") as runs_disk:
         daemon = daemons(node="n0", simulate_gpus=None, state_dir=state)
-        total = 1200
-        run_id = launch(
-            daemon, FAST, f"training.max_steps={total}", f"checkpoint.dir={tmp_path / 'ckpt'}",
-            "env={GPUD_TEST_SLOW_RANK: '1', GPUD_TEST_SLOW_S: '0.015'}",
-        )  # fmt: skip
-        wait_for_step(daemon, run_id, 20)
+        run_id = slow_ddp(daemon, tmp_path)
         runs_disk.fill()
         before = status(daemon, run_id).run.last_step or 0
         refused = gpuctl("--node", daemon.address, "launch", str(CPU_DDP))
@@ -298,5 +301,5 @@ def test_run_dirs_on_a_disk_of_their_own_that_fills_lose_no_metric(
         runs_disk.make_room()
         s = wait_for(daemon, run_id, {"succeeded", "failed", "stopped"}, timeout=180)
         assert s.run.state is RunState.SUCCEEDED, s.run.reason
-        assert_no_gap(steps_recorded(daemon, run_id), total)
+        assert_no_gap(steps_recorded(daemon, run_id), DDP_STEPS)
         daemon.stop()
