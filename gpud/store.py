@@ -454,9 +454,15 @@ class Store:
             merged = [run for run in merged if run.state in ACTIVE]
         return sorted(merged, key=lambda run: run.created_at, reverse=True)[:limit]
 
-    def count_runs(self) -> int:
-        """Run records on disk (`gpud_state_runs`)."""
-        (count,) = self._db.execute("SELECT count(*) FROM runs").fetchone()
+    def count_runs(self, active_only: bool = False) -> int:
+        """Run records on disk (`gpud_state_runs`), or only those not ended."""
+        if active_only:
+            active = tuple(s.value for s in ACTIVE)
+            (count,) = self._db.execute(
+                f"SELECT count(*) FROM runs WHERE state IN ({_marks(active)})", active
+            ).fetchone()
+        else:
+            (count,) = self._db.execute("SELECT count(*) FROM runs").fetchone()
         return int(count)
 
     def put_attempt(self, attempt: AttemptRecord) -> None:
