@@ -12,8 +12,6 @@ therefore agree: the first creates it, the others wait for the lock and read it.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +94,9 @@ def load_or_create_keypair(directory: Path, name: str) -> tuple[KeyPair, bool]:
 
 def _create(directory: Path, name: str) -> None:
     """Write a new pair beside its place, then rename it in: public key, then secret."""
+    import shutil  # here: every gpuctl call loads a key, few create one
+    import tempfile
+
     public_path, secret_path = _paths(directory, name)
     old_umask = os.umask(0o077)  # the secret must never be readable by others, not even briefly
     try:

@@ -640,6 +640,11 @@ class JoinReply(Reading):
 
 class RunList(Reading):
     runs: list[RunSummary]
+    total: int | None = Field(
+        None,
+        description="runs of the kind asked for (active, or all) the node holds; `runs` is"
+        " the newest `limit` of them. None from an older daemon",
+    )
 
 
 class RunStatus(Reading):

@@ -179,7 +179,9 @@ class Store:
     def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self._clock = clock
+        left = _left_by_a_crash(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # The first read replays a WAL a crash left, or rolls back a hot journal.
         if self._db.execute("PRAGMA user_version").fetchone()[0] == 0:
             # A new database takes it before its first page is written; an older one is
             # converted once, at start-up, by gpud.retention.compact (a VACUUM).
@@ -189,6 +191,7 @@ class Store:
         self._db.execute("PRAGMA busy_timeout=5000")
         # After a large removal the WAL is cut back to this, not left at its high mark.
         self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+        _report_recovery(path, left)
         self._migrate()
         self._backlog = Backlog()
         self._full_since: float | None = None  # wall time of the first refused write
@@ -451,9 +454,15 @@ class Store:
             merged = [run for run in merged if run.state in ACTIVE]
         return sorted(merged, key=lambda run: run.created_at, reverse=True)[:limit]
 
-    def count_runs(self) -> int:
-        """Run records on disk (`gpud_state_runs`)."""
-        (count,) = self._db.execute("SELECT count(*) FROM runs").fetchone()
+    def count_runs(self, active_only: bool = False) -> int:
+        """Run records on disk (`gpud_state_runs`), or only those not ended."""
+        if active_only:
+            active = tuple(s.value for s in ACTIVE)
+            (count,) = self._db.execute(
+                f"SELECT count(*) FROM runs WHERE state IN ({_marks(active)})", active
+            ).fetchone()
+        else:
+            (count,) = self._db.execute("SELECT count(*) FROM runs").fetchone()
         return int(count)
 
     def put_attempt(self, attempt: AttemptRecord) -> None:
@@ -693,6 +702,38 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _left_by_a_crash(path: Path) -> dict[str, int]:
+    """The bytes of the WAL and of the rollback journal beside the database, where any:
+    after a clean stop neither is left (the last connection checkpoints and removes the
+    WAL; a committed transaction removes its journal)."""
+    found = {}
+    for suffix in ("-wal", "-journal"):
+        try:
+            size = path.with_name(path.name + suffix).stat().st_size
+        except OSError:
+            continue
+        if size:
+            found[suffix] = size
+    return found
+
+
+def _report_recovery(path: Path, left: dict[str, int]) -> None:
+    """Say what SQLite recovered on opening: nothing of it is lost, but an operator reading
+    the log after a crash wants to know the store saw it."""
+    if "-wal" in left:
+        log.info(
+            "%s: the last daemon did not stop cleanly; its WAL (%.0f KiB of committed writes)"
+            " was recovered",
+            path, left["-wal"] / 1024,
+        )  # fmt: skip
+    if "-journal" in left and not path.with_name(path.name + "-journal").exists():
+        log.warning(
+            "%s: rolled back a transaction a crashed writer left unfinished (%s-journal, %.0f"
+            " KiB); the store is as it was before that transaction",
+            path, path.name, left["-journal"] / 1024,
+        )  # fmt: skip
 
 
 def _marks(values: tuple[str, ...]) -> str:

@@ -48,8 +48,13 @@ class Queries:
         )
 
     def list_runs(self, req: ListRequest) -> RunList:
-        runs = self.book.store.runs(active_only=req.active_only, limit=req.limit)
-        return RunList(runs=[self.book.summary(self.book.get(r.id) or r) for r in runs])
+        store = self.book.store
+        runs = store.runs(active_only=req.active_only, limit=req.limit)
+        # Runs waiting in memory for a full disk are listed but not yet counted on disk.
+        total = max(store.count_runs(active_only=req.active_only), len(runs))
+        return RunList(
+            runs=[self.book.summary(self.book.get(r.id) or r) for r in runs], total=total
+        )
 
     def on_this_node(self, now: float) -> list[tuple[RunSummary, HealthSummary | None]]:
         """The runs a node brief names: active here, or ended within `ENDED_KEPT_S`; with

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -142,6 +141,8 @@ class Ctl:
         nodes = self.every_node()
         if len(nodes) == 1:
             return [one(nodes[0])]
+        from concurrent.futures import ThreadPoolExecutor  # here: one node needs no threads
+
         with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
             return list(pool.map(one, nodes))
 

@@ -84,18 +84,32 @@ def _any_node_known() -> bool:
         return False
 
 
+#: Runs `gpuctl ps` lists from each node by default: the newest (a node may keep 10,000).
+PS_LIMIT = 200
+#: The most a node lists in one request (`ListRequest.limit`).
+PS_MOST = 1000
+
+
 @click.command("ps")
 @click.option("--active", is_flag=True, help="Only runs that have not ended.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, PS_MOST),
+    default=PS_LIMIT,
+    show_default=True,
+    help="The newest runs listed from each node; a line on stderr says how many older"
+    " ones were left out.",
+)
 @json_option
 @click.pass_obj
-def ps_command(ctl: Ctl, active: bool) -> None:
+def ps_command(ctl: Ctl, active: bool, limit: int) -> None:
     """Runs across the nodes and Slurm (newest first), one row per run; NODE is where it
     runs (`slurm:JOB` for a run under Slurm)."""
     on_slurm = [] if ctl.nodes else slurm_verbs.summaries(active)
     results = []
     if not (on_slurm and not _any_node_known()):
         results = ctl.on_every_node(
-            lambda client: client.call(RUN_LIST, ListRequest(active_only=active))
+            lambda client: client.call(RUN_LIST, ListRequest(active_only=active, limit=limit))
         )
     merged: dict[str, RunSummary] = {r.id: r for r in on_slurm}
     slurm_ids = set(merged)
@@ -114,8 +128,15 @@ def ps_command(ctl: Ctl, active: bool) -> None:
                 if run.gpus:
                     gpus.setdefault(run.id, {})[run.node_rank] = run.gpus
     runs = sorted(merged.values(), key=lambda r: r.created_at, reverse=True)
+    older = {
+        result.address: result.value.total - len(result.value.runs)
+        for result in results
+        if isinstance(result.value, RunList)
+        and result.value.total is not None
+        and result.value.total > len(result.value.runs)
+    }
     if ctl.json:
-        emit_json({"runs": runs})
+        emit_json({"runs": runs, "older": older})
     else:
         rows = [
             [
@@ -151,6 +172,14 @@ def ps_command(ctl: Ctl, active: bool) -> None:
                 rows,
             )
         )
+        for address, count in older.items():
+            more = (
+                f"gpuctl ps --limit {PS_MOST} lists up to {PS_MOST:,}"
+                if limit < PS_MOST
+                else "`gpuctl status RUN` shows any of them"
+            )
+            runs_word = "run" if count == 1 else "runs"
+            click.echo(f"… {count:,} older {runs_word} on {address} not listed: {more}", err=True)
     report_errors(results)
     sys.exit(worst_exit_code(results))
 

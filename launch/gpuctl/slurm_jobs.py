@@ -21,11 +21,10 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpud.paths import atomic_write, config_dir, exclusive
 from gpud.protocol import MetricRow, MetricsReply, RunSummary, metrics_reply
@@ -37,12 +36,15 @@ from gpud.runmodel import (
     cause_precedence,
     new_run_id,
 )
-from gpud.runs.attempt_log import AttemptLog
-from gpud.runs.causes import find_cause
-from gpud.runs.hints import HintFacts, with_hint
-from launch import slurm, slurm_states
+from launch import slurm_states
 from launch.slurm_states import JobRun
-from launch.spec import RunSpec
+
+if TYPE_CHECKING:
+    from launch.spec import RunSpec
+
+# What reads a failed run's files (causes, hints: launch.spec, autotune, yaml) and what
+# writes a batch script is imported where it is used: `gpuctl ps` imports this module
+# and needs neither (issue 22 §4: `gpuctl ps` in under 200 ms).
 
 INDEX = "slurm-runs.json"
 #: How much of metrics.jsonl is read for the latest step and values.
@@ -58,6 +60,8 @@ FORGOTTEN = "Invalid job id specified"
 
 
 def _slurm(*argv: str, timeout: float = 30, env: dict[str, str] | None = None) -> str:
+    import subprocess
+
     try:
         done = subprocess.run(
             list(argv), check=False, capture_output=True, text=True, timeout=timeout,
@@ -230,6 +234,10 @@ class SlurmRun:
         """Why the attempt (the latest for None) failed, read from its nodes' files as
         gpud reads a part's (error files, torchrun's summary, tracebacks, signals); the
         earliest wins."""
+        from gpud.runs.attempt_log import AttemptLog
+        from gpud.runs.causes import find_cause
+        from gpud.runs.hints import HintFacts, with_hint
+
         attempt_dir = self._attempt_dir(attempt)
         found = []
         for node_dir in sorted(attempt_dir.glob("node-*")) if attempt_dir else []:
@@ -399,6 +407,8 @@ def submit(run: SlurmRun, attempt_base: int, resume_from: str | None = None) -> 
 
 def create(spec: RunSpec, python: str) -> SlurmRun:
     """A new run dir with its config and batch script, remembered in the index."""
+    from launch import slurm
+
     run_id = new_run_id(spec.name)
     run_dir = Path(slurm.run_dir_for(spec, run_id))
     script = slurm.render(spec, run_id, str(run_dir), python)

@@ -297,3 +297,25 @@ def test_a_dry_run_of_a_plain_script_says_which_health_it_gets(
     library = script_spec(tmp_path, "from trainers import run\n", name="library")
     quiet = gpuctl("--node", daemon.address, "launch", str(library), "--dry-run")
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_ps_lists_the_newest_runs_and_says_how_many_older_ones_it_left_out(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """A node may keep 10,000 runs: `ps` lists the newest (200 by default, `--limit`) and
+    says on stderr how many older ones there are, so a short list is never mistaken for
+    the whole history."""
+    spec = script_spec(tmp_path, "print('done')\n", name="quick")
+    ids = [launch(daemon, config=spec) for _ in range(3)]
+    for run_id in ids:
+        wait_for(daemon, run_id, {"succeeded"}, timeout=60)
+    newest = gpuctl("--node", daemon.address, "ps", "--limit", "2")
+    assert newest.returncode == 0, newest.stderr
+    assert [line.split()[0] for line in newest.stdout.splitlines()[1:]] == ids[:0:-1]
+    assert newest.stderr == (
+        f"… 1 older run on {daemon.address} not listed: gpuctl ps --limit 1000 lists up to 1,000\n"
+    )
+    listed = json.loads(gpuctl("--node", daemon.address, "--json", "ps", "--limit", "2").stdout)
+    assert listed["older"] == {daemon.address: 1}
+    every = gpuctl("--node", daemon.address, "ps")
+    assert len(every.stdout.splitlines()) == 1 + 3 and every.stderr == ""

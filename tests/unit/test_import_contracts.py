@@ -354,3 +354,30 @@ def test_runtime_check_names_the_importer() -> None:
     assert "zmq" in loaded.modules
     assert loaded.chain("zmq").endswith("gpud.client ← the test")
     assert loaded.chain("gpud.client") == "gpud.client ← the test"
+
+
+#: What `gpuctl ps` never needs (issue 22 §4: a whole `gpuctl ps` under 200 ms, most of it
+#: Python's start-up and imports): run specs and YAML, auto-tuning, the daemon's run
+#: machinery (failure causes, hints, logs), Textual and torch.
+NOT_FOR_PS = (
+    "yaml",
+    "torch",
+    "textual",
+    "launch.spec",
+    "launch.autotune",
+    "launch.slurm",
+    "gpud.runs",
+    "gpud.hardware",
+    "concurrent.futures",
+    "tempfile",
+)
+
+
+def test_gpuctl_ps_imports_only_what_it_needs() -> None:
+    loaded = import_fresh(["launch.gpuctl.main", "launch.gpuctl.runs"])
+    bad = [
+        f"{module} is loaded: {loaded.chain(module)}"
+        for module in loaded.modules
+        if any(is_under(module, name) for name in NOT_FOR_PS)
+    ]
+    assert not bad, "\n  ".join(["`gpuctl ps` loads what it never uses:", *bad])
