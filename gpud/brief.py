@@ -33,6 +33,9 @@ SLOWDOWN_REASONS = frozenset(
 BRIEF_VALUES = ("loss", "lr", *SAMPLES_PER_S_NAMES, *TOKENS_PER_S_NAMES)
 #: An ended run stays in its nodes' briefs this long, so every view sees how it ended.
 ENDED_KEPT_S = 300.0
+#: ...the newest this many of them: a node that ended hundreds of short runs in those
+#: minutes (a sweep, a soak) would otherwise build and send all of them every second.
+ENDED_KEPT_MAX = 32
 
 
 class GpuBrief(Reading):

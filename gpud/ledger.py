@@ -10,7 +10,9 @@ spent waiting, or by other threads, is never counted) to its component:
 - `brief`: the node in brief (`gpud.brief`);
 - `supervision`: the supervisor's tick (runs, parts, gang, logs followed);
 - `store`: SQLite writes held back and retried;
-- `housekeeping`: throttled logs and the audit log flushed.
+- `housekeeping`: throttled logs and the audit log flushed;
+- `retention`: a retention pass's reads, file removals and compaction, in its thread
+  (its batches of deletes on the loop are the loop's).
 
 What no component claims (zmq's I/O threads, the event loop itself, control requests,
 the garbage collector) is the rest: the process's CPU less the sum. The totals are in
@@ -28,7 +30,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-COMPONENTS = ("sampler", "snapshot", "brief", "supervision", "store", "housekeeping")
+COMPONENTS = ("sampler", "snapshot", "brief", "supervision", "store", "housekeeping", "retention")
 
 
 class CpuLedger:

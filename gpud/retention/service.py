@@ -466,4 +466,5 @@ class Retention:
             log.debug("retention: checkpoint skipped: %s", exc)
 
     async def _thread(self, work: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+        charged = self._supervisor.ledger.charged("retention", work)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, charged)

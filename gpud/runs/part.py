@@ -70,6 +70,8 @@ class Part:
         #: Started by a scheduler, not by gpud (gpud.runs.attached): its "shim" is the part
         #: runner, its end comes from the attach socket, and gpud never signals it.
         self.external = False
+        #: Ended, and the daemon read its log to the end (the supervisor stops looking).
+        self.log_done = False
 
     # ------------------------------------------------------------------ paths
 

@@ -7,7 +7,7 @@ handlers call them inline.
 from __future__ import annotations
 
 from gpud.auth import Caller
-from gpud.brief import ENDED_KEPT_S
+from gpud.brief import ENDED_KEPT_MAX, ENDED_KEPT_S
 from gpud.protocol import (
     ErrorCode,
     ListRequest,
@@ -59,10 +59,13 @@ class Queries:
     def on_this_node(self, now: float) -> list[tuple[RunSummary, HealthSummary | None]]:
         """The runs a node brief names: active here, or ended within `ENDED_KEPT_S`; with
         node 0's latest health."""
+        live = [r for r in self.book.runs() if not r.state.terminal]
+        ended = [
+            r for r in self.book.runs() if r.state.terminal and now - r.state_since <= ENDED_KEPT_S
+        ]
+        ended = sorted(ended, key=lambda r: r.state_since, reverse=True)[:ENDED_KEPT_MAX]
         found = []
-        for run in self.book.runs():
-            if run.state.terminal and now - run.state_since > ENDED_KEPT_S:
-                continue
+        for run in live + ended:
             health = self.telemetry.health.get(run.id) if run.is_coordinator else None
             found.append((self.book.summary(run), health))
         return found

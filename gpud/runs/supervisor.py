@@ -952,8 +952,15 @@ class Supervisor:
         with self.ledger.charge("store"):
             self.store.retry()
         for run, part in self.book.parts():
-            await self._follow_log(run, part)
-            if part.record.state.terminal or part.external:
+            if part.log_done:
+                continue
+            moved = await self._follow_log(run, part)
+            if part.record.state.terminal:
+                # Ended, and its log read to the end: not opened again each tick (with a
+                # thousand finished runs kept, that cost an idle daemon 5 % of a core).
+                part.log_done = not moved
+                continue
+            if part.external:
                 continue  # an attached part ends through the attach socket
             if now - self._last_pids.get(run.id, 0.0) >= PIDS_EVERY_S:
                 self._last_pids[run.id] = now
@@ -999,11 +1006,12 @@ class Supervisor:
             log.warning("run %s: %s made no progress: a hang", run_id, who)
             self.gang.hang(run, cause)
 
-    async def _follow_log(self, run: RunRecord, part: Part, *, to_end: bool = False) -> None:
+    async def _follow_log(self, run: RunRecord, part: Part, *, to_end: bool = False) -> int:
         """Read what the part printed since the last tick, a slice at a time, yielding to
         the loop between slices: a run printing megabytes a second never holds up a
         control reply for longer than one slice takes. Up to READ_PER_TICK a tick, or
-        what is left (`to_end`, as the part settles; READ_AT_SETTLE at most)."""
+        what is left (`to_end`, as the part settles; READ_AT_SETTLE at most). Returns how
+        far the log's offset moved."""
         read = 0
         while read < (READ_AT_SETTLE if to_end else READ_PER_TICK):
             before = part.record.log_offset
@@ -1012,11 +1020,12 @@ class Supervisor:
             if lines:
                 self._take_lines(self.book.get(run.id) or run, part, lines)
             if not moved:
-                return
+                return read
             read += min(moved, SLICE_BYTES)  # more: it passed where a bounded log dropped
             await asyncio.sleep(0)
             if self.book.part(run.id) is not part:
-                return  # the part was replaced (a new attempt) while we yielded
+                return read  # the part was replaced (a new attempt) while we yielded
+        return read
 
     def _pattern_thread(self, run: RunRecord) -> PatternThread:
         """The run's metric patterns (one thread, kept across attempts, so a pattern
