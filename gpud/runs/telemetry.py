@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from gpud.efficiency.of_run import run_efficiency, run_gpus
 from gpud.protocol import PartHealth, run_topic
 from gpud.runmodel import (
     BandwidthView,
@@ -50,6 +51,8 @@ log = logging.getLogger("gpud.runs")
 HEALTH_EVERY_S = 1.0
 DUMPS_EVERY_S = 2.0
 NCCL_KINDS = frozenset(p.kind for p in TROUBLE if p.kind != "gloo_error")
+#: The states in which a run trains, so has a FLOP rate.
+TRAINING = frozenset({RunState.RUNNING, RunState.STOPPING})
 SLOWDOWN = frozenset(
     {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
@@ -229,6 +232,7 @@ class Telemetry:
             gpu_uuid=beat.gpu_uuid,
             gpu_index=_gpu_index(beat, snapshot),
             outside_lease=bool(lease and beat.gpu_uuid and beat.gpu_uuid not in lease),
+            flops_per_step=beat.flops_per_step,
         )
 
     def _gpu_trouble(
@@ -302,7 +306,23 @@ class Telemetry:
         self.book.publish(run_topic(run.id, "health"), summary)
 
     def assess(self, run: RunRecord, part: Part | None) -> HealthSummary:
-        """The run's health now: every node's ranks on node 0, this node's elsewhere."""
+        """The run's health now: every node's ranks on node 0, this node's elsewhere; while
+        it trains, with its efficiency (achieved FLOP/s, MFU)."""
+        summary = self._assess(run, part)
+        if run.state not in TRAINING or not run.is_coordinator:
+            return summary
+        latest = self.book.store.latest_metrics(run.id)
+        lease = part.record.gpu_uuids if part is not None else []
+        found = run_efficiency(
+            parse_spec(run.spec),
+            summary.ranks,
+            summary.world_size,
+            latest[1] if latest else {},
+            run_gpus(run, lease, self.hardware()),
+        )
+        return summary.model_copy(update={"efficiency": found})
+
+    def _assess(self, run: RunRecord, part: Part | None) -> HealthSummary:
         local = self.part_health(run, part)
         parts = [local]
         if run.is_coordinator:
