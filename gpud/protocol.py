@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
 from gpud import __version__
-from gpud.efficiency.model import Efficiency
+from gpud.efficiency.model import RunFlops
 from gpud.notify.targets import Format, Webhook, redact
 from gpud.runmodel import (
     Attachment,
@@ -648,7 +648,7 @@ class RunStatus(Reading):
     attempts: list[AttemptRecord]
     parts: list[PartView]
     events: list[RunEvent]
-    efficiency: Efficiency | None = Field(
+    flops: RunFlops | None = Field(
         None,
         description="node 0's latest: achieved FLOP/s and MFU while the run trains (None:"
         " it does not train now, or an older daemon)",

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
-from gpud.efficiency.model import Efficiency
+from gpud.efficiency.model import RunFlops
 from gpud.snapshot import Reading
 
 
@@ -755,7 +755,7 @@ class HealthSummary(Reading):
     flight_recorder: list[str] = Field(
         default_factory=list, description="the analyzer's findings when the attempt failed"
     )
-    efficiency: Efficiency | None = Field(
+    flops: RunFlops | None = Field(
         None, description="achieved FLOP/s and MFU (gpud.efficiency); None from an older daemon"
     )
     judged_from_output: bool = Field(

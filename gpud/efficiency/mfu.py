@@ -1,5 +1,5 @@
 """The math of MFU: achieved FLOP/s from the best source a run offers, and MFU against the
-peak of its GPUs at its precision. Pure: numbers in, an `Efficiency` out.
+peak of its GPUs at its precision. Pure: numbers in, an `RunFlops` out.
 
 Sources, best first (the first a run offers is used, and named):
 
@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpud.efficiency.model import Efficiency, FlopsSource
+from gpud.efficiency.model import FlopsSource, RunFlops
 from gpud.efficiency.peaks import dtype_of, model_of
 
 #: Metric names a trainer may log its achieved FLOP/s under (all ranks together).
@@ -80,13 +80,13 @@ def achieved(inputs: FlopsInputs) -> tuple[float, FlopsSource] | None:
     return None
 
 
-def efficiency(inputs: FlopsInputs, gpus: RunGpus, precision: str | None) -> Efficiency:
+def utilization(inputs: FlopsInputs, gpus: RunGpus, precision: str | None) -> RunFlops:
     """The run's achieved FLOP/s, its GPUs' peak at its precision, and the MFU (or why not)."""
     dtype = dtype_of(precision)
     found = achieved(inputs)
     flops, source = found if found else (None, None)
     sm = [p for p in gpus.sm_active_pct if p is not None]
-    base = Efficiency(
+    base = RunFlops(
         flops_per_second=flops,
         source=source,
         dtype=dtype,
@@ -127,5 +127,5 @@ __all__ = [
     "FlopsInputs",
     "RunGpus",
     "achieved",
-    "efficiency",
+    "utilization",
 ]

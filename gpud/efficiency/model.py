@@ -1,4 +1,4 @@
-"""`Efficiency`: a run's achieved FLOP/s, its GPUs' peak and the MFU, as every view reads it.
+"""`RunFlops`: a run's achieved FLOP/s, its GPUs' peak and the MFU, as every view reads it.
 
 A record of its own (imports only `Reading`) so the run model can carry it without
 importing the math."""
@@ -22,7 +22,7 @@ SOURCE_TEXT: dict[str, str] = {
 }
 
 
-class Efficiency(Reading):
+class RunFlops(Reading):
     """Model FLOPs utilization of a run now: achieved ÷ (peak per GPU × GPUs)."""
 
     flops_per_second: float | None = Field(
@@ -85,4 +85,4 @@ def flops_text(flops_per_s: float | None) -> str:
     return f"{flops_per_s:.0f} FLOP/s"
 
 
-__all__ = ["SOURCE_TEXT", "Efficiency", "FlopsSource", "flops_text"]
+__all__ = ["SOURCE_TEXT", "FlopsSource", "RunFlops", "flops_text"]

@@ -1,4 +1,4 @@
-"""A run's `Efficiency` from what node 0's daemon holds: its spec, its ranks' heartbeats,
+"""A run's `RunFlops` from what node 0's daemon holds: its spec, its ranks' heartbeats,
 rank 0's latest metrics, its lease and the node's latest hardware sample.
 
 The GPUs are node 0's leased ones; a run on several nodes is assumed to use the same model
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpud.efficiency.mfu import FlopsInputs, RunGpus, efficiency
-from gpud.efficiency.model import Efficiency
+from gpud.efficiency.mfu import FlopsInputs, RunGpus, utilization
+from gpud.efficiency.model import RunFlops
 from gpud.runmodel import RankView, RunRecord, samples_per_rank_step, throughput
 from gpud.snapshot import NodeSnapshot
 from launch.spec import RunSpec
@@ -38,13 +38,13 @@ def run_gpus(run: RunRecord, lease: Sequence[str], snapshot: NodeSnapshot) -> Ru
     )
 
 
-def run_efficiency(
+def run_flops(
     spec: RunSpec,
     ranks: Sequence[RankView],
     world_size: int | None,
     logged: Mapping[str, float],
     gpus: RunGpus,
-) -> Efficiency:
+) -> RunFlops:
     """The run's efficiency now (while it trains: the rates are the recent ones)."""
     training = spec.training
     step_times = [r.step_time_s for r in ranks if r.step_time_s]
@@ -66,7 +66,7 @@ def run_efficiency(
         flops_per_sample=training.flops_per_sample,
         model_params=training.model_params,
     )
-    return efficiency(inputs, gpus, run_precision(spec))
+    return utilization(inputs, gpus, run_precision(spec))
 
 
-__all__ = ["run_efficiency", "run_gpus", "run_precision"]
+__all__ = ["run_flops", "run_gpus", "run_precision"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from gpud.efficiency.model import Efficiency
+from gpud.efficiency.model import RunFlops
 from gpud.notify.targets import DELIVERY_RESULTS
 from gpud.protocol import RunSummary
 from gpud.runmodel import HealthSummary, RunState, throughput
@@ -251,11 +251,11 @@ class RunOnNode:
             self.tokens_per_sample,
         )
 
-    def efficiency(self) -> Efficiency | None:
-        """Node 0's latest efficiency of the run, while it trains."""
+    def flops(self) -> RunFlops | None:
+        """Node 0's latest FLOP rate and MFU of the run, while it trains."""
         if self.summary.state not in TRAINING or self.health is None:
             return None
-        return self.health.efficiency
+        return self.health.flops
 
 
 @dataclass(frozen=True)
@@ -441,7 +441,7 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
             samples.add_metric([rid], per_second[0])
         if per_second[1] is not None:
             tokens.add_metric([rid], per_second[1])
-        found = run.efficiency()
+        found = run.flops()
         if found is not None and found.flops_per_second is not None:
             flops.add_metric([rid], found.flops_per_second)
         if found is not None and found.mfu is not None:

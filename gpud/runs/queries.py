@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gpud.auth import Caller
 from gpud.brief import ENDED_KEPT_S
-from gpud.efficiency.model import Efficiency
+from gpud.efficiency.model import RunFlops
 from gpud.protocol import (
     ErrorCode,
     ListRequest,
@@ -46,15 +46,15 @@ class Queries:
             attempts=self.book.store.attempts(run.id),
             parts=self.gang.part_views(run),
             events=self.book.store.run_events(run.id, limit=100),
-            efficiency=self._efficiency(run),
+            flops=self._flops(run),
         )
 
-    def _efficiency(self, run: RunRecord) -> Efficiency | None:
-        """Node 0's latest efficiency of a run that trains now."""
+    def _flops(self, run: RunRecord) -> RunFlops | None:
+        """Node 0's latest FLOP rate and MFU of a run that trains now."""
         if not run.is_coordinator or run.state not in TRAINING:
             return None
         health = self.telemetry.health.get(run.id)
-        return health.efficiency if health else None
+        return health.flops if health else None
 
     def list_runs(self, req: ListRequest) -> RunList:
         runs = self.book.store.runs(active_only=req.active_only, limit=req.limit)

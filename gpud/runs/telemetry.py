@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from gpud.efficiency.of_run import run_efficiency, run_gpus
+from gpud.efficiency.of_run import run_flops, run_gpus
 from gpud.protocol import PartHealth, run_topic
 from gpud.runmodel import (
     BandwidthView,
@@ -307,20 +307,20 @@ class Telemetry:
 
     def assess(self, run: RunRecord, part: Part | None) -> HealthSummary:
         """The run's health now: every node's ranks on node 0, this node's elsewhere; while
-        it trains, with its efficiency (achieved FLOP/s, MFU)."""
+        it trains, with its achieved FLOP/s and MFU (gpud.efficiency)."""
         summary = self._assess(run, part)
         if run.state not in TRAINING or not run.is_coordinator:
             return summary
         latest = self.book.store.latest_metrics(run.id)
         lease = part.record.gpu_uuids if part is not None else []
-        found = run_efficiency(
+        found = run_flops(
             parse_spec(run.spec),
             summary.ranks,
             summary.world_size,
             latest[1] if latest else {},
             run_gpus(run, lease, self.hardware()),
         )
-        return summary.model_copy(update={"efficiency": found})
+        return summary.model_copy(update={"flops": found})
 
     def _assess(self, run: RunRecord, part: Part | None) -> HealthSummary:
         local = self.part_health(run, part)

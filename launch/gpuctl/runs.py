@@ -186,10 +186,10 @@ def status_command(ctl: Ctl, run: str) -> None:
         f"progress  {progress_line(r)}",
         f"attempt   {r.attempt} (restarts {r.restarts})" + _attempt_shape(r),
     ]
-    if status.efficiency is not None:
+    if status.flops is not None:
         lines += [
-            f"flops     {status.efficiency.flops_line}",
-            f"mfu       {status.efficiency.mfu_line}",
+            f"flops     {status.flops.flops_line}",
+            f"mfu       {status.flops.mfu_line}",
         ]
     if r.last_checkpoint:
         lines.append(f"checkpoint {r.last_checkpoint.path} (step {r.last_checkpoint.step})")

@@ -11,7 +11,7 @@ from gpud.efficiency.mfu import (
     FlopsInputs,
     RunGpus,
     achieved,
-    efficiency,
+    utilization,
 )
 from gpud.efficiency.model import flops_text
 from gpud.efficiency.peaks import TERA
@@ -67,7 +67,7 @@ def test_no_source_is_none() -> None:
 def test_mfu_is_achieved_over_peak_times_gpus() -> None:
     peak = 989.4 * TERA
     inputs = FlopsInputs(logged={"flops_per_s": 0.4 * peak * 8})
-    found = efficiency(inputs, EIGHT_H100, "bf16")
+    found = utilization(inputs, EIGHT_H100, "bf16")
     assert found.mfu == pytest.approx(0.4)
     assert found.mfu_text == "40.0%"
     assert found.peak_flops_per_gpu == pytest.approx(peak)
@@ -78,20 +78,20 @@ def test_mfu_is_achieved_over_peak_times_gpus() -> None:
 
 def test_mfu_is_held_to_the_runs_dtype() -> None:
     inputs = FlopsInputs(logged={"flops_per_s": 66.9 * TERA * 0.5})
-    found = efficiency(inputs, RunGpus(names=[H100], count=1), None)  # fp32
+    found = utilization(inputs, RunGpus(names=[H100], count=1), None)  # fp32
     assert found.dtype == "fp32"
     assert found.mfu == pytest.approx(0.5)
 
 
 def test_a_cpu_run_has_no_mfu() -> None:
-    found = efficiency(FlopsInputs(logged={"flops_per_s": 1e9}), RunGpus(), None)
+    found = utilization(FlopsInputs(logged={"flops_per_s": 1e9}), RunGpus(), None)
     assert found.mfu is None and found.why_not == NO_GPU
     assert found.flops_per_second == 1e9  # the FLOP rate is still shown
 
 
 def test_a_simulated_gpu_has_flops_but_no_mfu() -> None:
     gpus = RunGpus(names=[H100], count=1, simulated=True)
-    found = efficiency(FlopsInputs(samples_per_s=10.0, flops_per_sample=1e6), gpus, "bf16")
+    found = utilization(FlopsInputs(samples_per_s=10.0, flops_per_sample=1e6), gpus, "bf16")
     assert found.flops_per_second == pytest.approx(1e7)
     assert found.mfu is None and found.mfu_text == "n/a"
     assert found.why_not == SIMULATED
@@ -101,25 +101,25 @@ def test_a_simulated_gpu_has_flops_but_no_mfu() -> None:
 
 def test_an_unknown_gpu_says_so() -> None:
     gpus = RunGpus(names=["Tesla V100-SXM2-16GB"], count=1)
-    found = efficiency(FlopsInputs(logged={"flops_per_s": 1e12}), gpus, "fp16")
+    found = utilization(FlopsInputs(logged={"flops_per_s": 1e12}), gpus, "fp16")
     assert found.mfu is None
     assert found.why_not == "Tesla V100-SXM2-16GB: not in gpud's peak table (gpud.efficiency)"
 
 
 def test_a_dtype_the_table_lacks_says_so() -> None:
     gpus = RunGpus(names=["NVIDIA A100-SXM4-80GB"], count=1)
-    found = efficiency(FlopsInputs(logged={"flops_per_s": 1e12}), gpus, "fp8")
+    found = utilization(FlopsInputs(logged={"flops_per_s": 1e12}), gpus, "fp8")
     assert found.why_not == "the table has no fp8 peak for A100"
 
 
 def test_gpus_of_two_models_have_no_one_peak() -> None:
     gpus = RunGpus(names=[H100, "NVIDIA A100-SXM4-80GB"], count=2)
-    found = efficiency(FlopsInputs(logged={"flops_per_s": 1e12}), gpus, "bf16")
+    found = utilization(FlopsInputs(logged={"flops_per_s": 1e12}), gpus, "bf16")
     assert found.mfu is None and found.why_not == "GPUs of several models: no one peak"
 
 
 def test_no_source_says_how_to_give_one() -> None:
-    found = efficiency(FlopsInputs(), EIGHT_H100, "bf16")
+    found = utilization(FlopsInputs(), EIGHT_H100, "bf16")
     assert found.flops_per_second is None and found.why_not == NO_SOURCE
     assert found.peak_flops_per_gpu == pytest.approx(989.4 * TERA)
 

@@ -41,12 +41,12 @@ def status_json(daemon: RunningDaemon, run_id: str) -> dict[str, object]:
     return found
 
 
-def efficiency_when_known(daemon: RunningDaemon, run_id: str) -> dict[str, object]:
-    """`gpuctl status --json`'s efficiency, once it has a FLOP rate."""
+def flops_when_known(daemon: RunningDaemon, run_id: str) -> dict[str, object]:
+    """`gpuctl status --json`'s flops, once it has a FLOP rate."""
     deadline = time.monotonic() + 30
     last: object = None
     while time.monotonic() < deadline:
-        last = status_json(daemon, run_id).get("efficiency")
+        last = status_json(daemon, run_id).get("flops")
         if isinstance(last, dict) and last.get("flops_per_second"):
             return last
         time.sleep(0.3)
@@ -68,7 +68,7 @@ def test_counted_flops_on_a_simulated_gpu_give_a_rate_and_say_why_no_mfu(
     run_id = launch(daemon, FAST, "training.max_steps=100000", "gpus=[0, 1]")
     try:
         wait_for_step(daemon, run_id, 5)
-        found = efficiency_when_known(daemon, run_id)
+        found = flops_when_known(daemon, run_id)
         text = gpuctl("--node", daemon.address, "status", run_id).stdout
         metrics = scrape(port)
     finally:
@@ -93,7 +93,7 @@ def test_the_specs_flops_per_sample_on_a_cpu_run(daemons: Daemons, tmp_path: Pat
     run_id = launch(daemon, "training.flops_per_sample=1e9", config=spec)
     try:
         wait_for_step(daemon, run_id, 3)
-        found = efficiency_when_known(daemon, run_id)
+        found = flops_when_known(daemon, run_id)
         text = gpuctl("--node", daemon.address, "status", run_id).stdout
     finally:
         force_stop(daemon, run_id)
