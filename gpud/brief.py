@@ -86,6 +86,10 @@ class RunBrief(Reading):
     judged_from_output: bool = Field(
         False, description="health is judged from the output: `HealthSummary.judged_from_output`"
     )
+    flops_per_second: float | None = Field(
+        None, description="achieved FLOP/s while it trains (node 0 only: `RunFlops`)"
+    )
+    mfu: float | None = Field(None, description="MFU, 0 to 1 (node 0 only; None: n/a)")
 
 
 class NodeBrief(Reading):
@@ -163,6 +167,8 @@ def gpu_brief(gpu: GpuSample) -> GpuBrief:
 
 def run_brief(summary: RunSummary, health: HealthSummary | None) -> RunBrief:
     values = {k: v for k in BRIEF_VALUES if (v := summary.last_values.get(k)) is not None}
+    training = summary.state in (RunState.RUNNING, RunState.STOPPING)
+    flops = health.flops if health is not None and training else None
     return RunBrief(
         id=summary.id,
         name=summary.name,
@@ -174,6 +180,8 @@ def run_brief(summary: RunSummary, health: HealthSummary | None) -> RunBrief:
         values=values,
         verdict=health.verdict if health is not None else None,
         judged_from_output=health is not None and health.judged_from_output,
+        flops_per_second=flops.flops_per_second if flops else None,
+        mfu=flops.mfu if flops else None,
     )
 
 
