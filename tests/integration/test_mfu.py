@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpud.efficiency.mfu import NO_GPU, SIMULATED
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
-from tests.support.runs import FAST, force_stop, launch, script_spec, wait_for_step
+from tests.support.runs import FAST, force_stop, health, launch, script_spec, wait_for_step
 
 Daemons = Callable[..., RunningDaemon]
 
@@ -71,8 +71,15 @@ def test_counted_flops_on_a_simulated_gpu_give_a_rate_and_say_why_no_mfu(
         found = flops_when_known(daemon, run_id)
         text = gpuctl("--node", daemon.address, "status", run_id).stdout
         metrics = scrape(port)
+        counted = {r.rank: r.flops_per_step for r in health(daemon, run_id).ranks}
     finally:
         force_stop(daemon, run_id)
+    # What each rank counted is the step's FLOPs: 64 samples (batch 32 × accumulation 2)
+    # through Linear 64→128, 2 × 128→128, 128→8: forward 2·MACs, backward 2·MACs for the
+    # weights' gradients and 2·MACs for the inputs' (none for the first layer's input).
+    macs = 64 * 128 + 2 * 128 * 128 + 128 * 8
+    per_step = 64 * (2 * macs + 2 * macs + 2 * (macs - 64 * 128))
+    assert counted == {0: per_step, 1: per_step}
     assert found["source"] == "counted"
     assert isinstance(found["flops_per_second"], float) and found["flops_per_second"] > 0
     assert found["mfu"] is None and found["why_not"] == SIMULATED
