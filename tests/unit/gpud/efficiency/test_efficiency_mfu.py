@@ -130,3 +130,17 @@ def test_no_source_says_how_to_give_one() -> None:
 )
 def test_flops_for_people(value: float | None, text: str) -> None:
     assert flops_text(value) == text
+
+
+def test_the_lines_gpuctl_status_prints() -> None:
+    peak = 989.4 * TERA
+    found = utilization(FlopsInputs(logged={"flops_per_s": 0.412 * peak * 8}), EIGHT_H100, "bf16")
+    assert found.flops_line == "3.3 PFLOP/s (the trainer's logged flops_per_s)"
+    assert found.mfu_line == (
+        "41.2% of 8 × H100 SXM at bf16 (989.4 TFLOP/s each); SM active 80% (the hardware's view)"
+    )
+    cpu = utilization(FlopsInputs(samples_per_s=10.0, flops_per_sample=1e9), RunGpus(), None)
+    assert cpu.flops_line == "10.0 GFLOP/s (training.flops_per_sample × samples/s)"
+    assert cpu.mfu_line == f"n/a: {NO_GPU}"
+    nothing = utilization(FlopsInputs(), EIGHT_H100, "bf16")
+    assert nothing.flops_line == f"n/a: {NO_SOURCE}"
