@@ -15,7 +15,7 @@ FlopsSource = Literal["counted", "flops_per_sample", "model_params", "logged"]
 
 #: Each source in words, for `gpuctl status` and gputop's Run screen.
 SOURCE_TEXT: dict[str, str] = {
-    "counted": "counted on the first step by the trainers library (torch.utils.flop_counter)",
+    "counted": "counted on the first step by run.count_flops()",
     "flops_per_sample": "training.flops_per_sample × samples/s",
     "model_params": "6 × training.model_params × tokens/s",
     "logged": "the trainer's logged flops_per_s",
