@@ -20,6 +20,7 @@ from gpud.protocol import RunSummary
 from gpud.runmodel import (
     SAMPLES_PER_S_NAMES,
     TOKENS_PER_S_NAMES,
+    TRAINING,
     HealthSummary,
     RunState,
 )
@@ -167,8 +168,7 @@ def gpu_brief(gpu: GpuSample) -> GpuBrief:
 
 def run_brief(summary: RunSummary, health: HealthSummary | None) -> RunBrief:
     values = {k: v for k in BRIEF_VALUES if (v := summary.last_values.get(k)) is not None}
-    training = summary.state in (RunState.RUNNING, RunState.STOPPING)
-    flops = health.flops if health is not None and training else None
+    flops = health.flops if health is not None and summary.state in TRAINING else None
     return RunBrief(
         id=summary.id,
         name=summary.name,

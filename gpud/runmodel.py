@@ -92,6 +92,11 @@ def can_move(old: RunState, new: RunState, next_attempt: bool = False) -> bool:
     return next_attempt and new in NEXT_ATTEMPT.get(old, frozenset())
 
 
+#: The states in which a run trains, so has a throughput and a FLOP rate (a stopped run's
+#: last rate is not a rate).
+TRAINING = frozenset({RunState.RUNNING, RunState.STOPPING})
+
+
 class CauseKind(str, Enum):
     """What kind of failure ended an attempt; `restart.on` lists the kinds worth a restart."""
 

@@ -20,7 +20,7 @@ from prometheus_client.samples import Sample
 from gpud.efficiency.model import RunFlops
 from gpud.notify.targets import DELIVERY_RESULTS
 from gpud.protocol import RunSummary
-from gpud.runmodel import HealthSummary, RunState, throughput
+from gpud.runmodel import TRAINING, HealthSummary, RunState, throughput
 from gpud.snapshot import GpuSample, HostSample, NodeSnapshot, PodRef
 
 MIB = 1024 * 1024
@@ -216,10 +216,6 @@ FIELDS: tuple[GpuField, ...] = (
              "Ratio of cycles the tensor (HMMA) pipe is active (0 to 1).",
              lambda g: _ratio(g.tensor_activity_pct)),
 )  # fmt: skip
-
-
-#: The states in which a run trains, so has a throughput.
-TRAINING = frozenset({RunState.RUNNING, RunState.STOPPING})
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,11 @@ from gpud.protocol import (
     RunSummary,
     metrics_reply,
 )
-from gpud.runmodel import AttemptRecord, HealthSummary, RunRecord, RunState
+from gpud.runmodel import TRAINING, AttemptRecord, HealthSummary, RunRecord, RunState
 from gpud.runs.book import RunBook, check_coordinator
 from gpud.runs.gang import Gang
 from gpud.runs.logread import read_chunk
-from gpud.runs.telemetry import TRAINING, Telemetry
+from gpud.runs.telemetry import Telemetry
 
 
 class Queries:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from gpud.efficiency.of_run import run_flops, run_gpus
 from gpud.protocol import PartHealth, run_topic
 from gpud.runmodel import (
+    TRAINING,
     BandwidthView,
     GpuTrouble,
     HealthSummary,
@@ -51,8 +52,6 @@ log = logging.getLogger("gpud.runs")
 HEALTH_EVERY_S = 1.0
 DUMPS_EVERY_S = 2.0
 NCCL_KINDS = frozenset(p.kind for p in TROUBLE if p.kind != "gloo_error")
-#: The states in which a run trains, so has a FLOP rate.
-TRAINING = frozenset({RunState.RUNNING, RunState.STOPPING})
 SLOWDOWN = frozenset(
     {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
