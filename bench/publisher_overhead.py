@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -192,6 +193,107 @@ def child_run_log(calls: int, warmup: int, pace_s: float) -> None:
     result.update(timer_floor_us=floor, logged=warmup + calls, dropped=run.dropped)
     print(RESULT + json.dumps(result), flush=True)
     run.finish()
+
+
+def child_flops(steps: int, width: int, depth: int, batch: int) -> dict[str, Any]:
+    """`run.count_flops()` on a launched Run around the example's step (ToyModel, one
+    process, CPU): the first, counted step against bare steps (its one-off cost, the
+    counter's import included; and counts once it is imported), then every later step
+    with the context against steps without it, in alternating blocks of 25, and the
+    context's own cost per call in a tight loop."""
+    import torch
+
+    import trainers
+    from trainers.examples.toy import IN_FEATURES, OUT_FEATURES, ToyModel
+    from trainers.flops import FlopCount
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    run = trainers.init()
+    if not run.launched:
+        raise SystemExit("the FLOPs child needs GPUD_RUN_ID")
+    model = ToyModel(width, depth)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(batch, IN_FEATURES), torch.randn(batch, OUT_FEATURES)
+
+    def step() -> None:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]
+
+    def timed(context: Callable[[], Any]) -> float:
+        start = time.perf_counter()
+        with context():
+            step()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    def bare() -> Any:
+        return contextlib.nullcontext()
+
+    for _ in range(20):  # warm caches and allocator; the counter is not imported yet
+        timed(bare)
+    before = [timed(bare) for _ in range(25)]
+    first = timed(run.count_flops)  # the counted step: imports torch.utils.flop_counter
+    # More counts, the counter already imported: the counting itself, without the import.
+    second = statistics.median(timed(FlopCount().step) for _ in range(10))
+    after = [timed(bare) for _ in range(25)]
+    with_ctx: list[float] = []
+    without: list[float] = []
+    for block in range(max(2, steps // 25)):
+        kind, into = (run.count_flops, with_ctx) if block % 2 == 0 else (bare, without)
+        into += [timed(kind) for _ in range(25)]
+
+    def enter_exit(_: int) -> None:
+        with run.count_flops():
+            pass
+
+    def nothing(_: int) -> None:
+        pass
+
+    floor = summary_us(timed_calls(nothing, 200_000, 20_000))["median_us"]
+    context = summary_us(timed_calls(enter_exit, 200_000, 20_000))
+    bare_ms = statistics.median(before + after) * 1e3
+    result = {
+        "flops_per_step": run.flops_per_step,
+        "bare_median_ms": bare_ms,
+        "first_ms": first * 1e3,
+        "second_count_ms": second * 1e3,
+        "with_median_ms": statistics.median(with_ctx) * 1e3,
+        "without_median_ms": statistics.median(without) * 1e3,
+        "with_mean_ms": statistics.fmean(with_ctx) * 1e3,
+        "without_mean_ms": statistics.fmean(without) * 1e3,
+        "later_steps": len(with_ctx),
+        "context_median_us": context["median_us"],
+        "timer_floor_us": floor,
+    }
+    return result
+
+
+def print_flops(r: dict[str, Any], width: int, depth: int, batch: int) -> None:
+    bare, first, second = r["bare_median_ms"], r["first_ms"], r["second_count_ms"]
+    print(
+        f"FLOP counting (run.count_flops(), ToyModel width {width} depth {depth}, batch {batch},"
+        f" 1 CPU thread; {r['flops_per_step'] / 1e6:,.1f} MFLOP per step counted):"
+    )
+    print(f"  {'':<40} {'ms':>9} {'× a step':>9}")
+    print(f"  {'a bare step (median)':<40} {bare:9.3f} {1:9.2f}")
+    print(f"  {'the first step, counted (one-off)':<40} {first:9.3f} {first / bare:9.2f}")
+    print(
+        f"  {'  one-off cost beyond the step':<40} {first - bare:9.3f} {(first - bare) / bare:9.2f}"
+    )
+    print(f"  {'  a count once imported (median of 10)':<40} {second:9.3f} {second / bare:9.2f}")
+    with_ms, without_ms = r["with_median_ms"], r["without_median_ms"]
+    diff = (with_ms - without_ms) / without_ms * 100
+    print(
+        f"  later steps, median of {r['later_steps']} with / without the context:"
+        f" {with_ms:.3f} / {without_ms:.3f} ms ({diff:+.2f} %, machine noise)"
+    )
+    context_us = r["context_median_us"] - r["timer_floor_us"]
+    print(
+        f"  the context itself, later steps: {context_us:.3f} µs a step"
+        f" ({context_us / 1e3 / bare * 100:.4f} % of a step; timer floor taken off)"
+    )
 
 
 def child_wandb(calls: int, warmup: int, directory: str) -> dict[str, Any]:
@@ -473,7 +575,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400, help="timed DDP steps per run")
     parser.add_argument("--warmup-steps", type=int, default=50, help="untimed DDP steps first")
     parser.add_argument("--width", type=int, default=1024, help="ToyModel width")
-    parser.add_argument("--child", choices=["run-log", "wandb", "tensorboard"], help="internal")
+    parser.add_argument("--flops-steps", type=int, default=400, help="later steps, FLOPs part")
+    parser.add_argument("--flops-batch", type=int, default=64, help="batch of the FLOPs part")
+    parser.add_argument("--flops-only", action="store_true", help="run the FLOPs part alone")
+    parser.add_argument(
+        "--child", choices=["run-log", "wandb", "tensorboard", "flops"], help="internal"
+    )
     parser.add_argument("--child-dir", help="internal")
     args = parser.parse_args()
 
@@ -485,9 +592,29 @@ def main() -> None:
     elif args.child == "tensorboard":
         print(RESULT + json.dumps(child_tensorboard(args.tb_steps, 200, args.child_dir)))
         return
+    elif args.child == "flops":
+        found = child_flops(args.flops_steps, args.width, 2, args.flops_batch)
+        print(RESULT + json.dumps(found), flush=True)
+        os._exit(0)  # as Run.finish: no teardown of the link thread to wait for
 
     print(machine_line(), flush=True)
     started = time.monotonic()
+    flops_args = [
+        "--child=flops",
+        f"--flops-steps={args.flops_steps}",
+        f"--flops-batch={args.flops_batch}",
+        f"--width={args.width}",
+    ]
+    if args.flops_only:
+        with tempfile.TemporaryDirectory(prefix="gpud-bench-") as name:
+            gpud = GpudStandIn(Path(name))
+            try:
+                env = launched_env("bench-flops", Path(name) / "flops", gpud.ingest, gpud.control)
+                flops = run_child(flops_args, env)
+            finally:
+                gpud.close()
+        print_flops(flops, args.width, 2, args.flops_batch)
+        return
     with tempfile.TemporaryDirectory(prefix="gpud-bench-") as name:
         tmp = Path(name)
         gpud = GpudStandIn(tmp)
@@ -512,6 +639,8 @@ def main() -> None:
             wb = run_child(
                 [f"--wandb-calls={args.wandb_calls}", "--child=wandb", f"--child-dir={tmp}"]
             )
+            flops_env = launched_env("bench-flops", tmp / "flops", gpud.ingest, gpud.control)
+            flops = run_child(flops_args, flops_env)
 
             bare: list[TrainingRun] = []
             mixed: list[TrainingRun] = []
@@ -528,6 +657,7 @@ def main() -> None:
 
     print_per_call(up, up_received, (paced, paced_received, args.pace_us), down, wb, tb)
     print_ddp(args, bare, mixed, ddp_received, others)
+    print_flops(flops, args.width, 2, args.flops_batch)
     print(
         f"total {time.monotonic() - started:.0f} s; load average at the end "
         + ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -20,6 +20,7 @@ from gpud.protocol import RunSummary
 from gpud.runmodel import (
     SAMPLES_PER_S_NAMES,
     TOKENS_PER_S_NAMES,
+    TRAINING,
     HealthSummary,
     RunState,
 )
@@ -89,6 +90,10 @@ class RunBrief(Reading):
     judged_from_output: bool = Field(
         False, description="health is judged from the output: `HealthSummary.judged_from_output`"
     )
+    flops_per_second: float | None = Field(
+        None, description="achieved FLOP/s while it trains (node 0 only: `RunFlops`)"
+    )
+    mfu: float | None = Field(None, description="MFU, 0 to 1 (node 0 only; None: n/a)")
 
 
 class NodeBrief(Reading):
@@ -166,6 +171,7 @@ def gpu_brief(gpu: GpuSample) -> GpuBrief:
 
 def run_brief(summary: RunSummary, health: HealthSummary | None) -> RunBrief:
     values = {k: v for k in BRIEF_VALUES if (v := summary.last_values.get(k)) is not None}
+    flops = health.flops if health is not None and summary.state in TRAINING else None
     return RunBrief(
         id=summary.id,
         name=summary.name,
@@ -177,6 +183,8 @@ def run_brief(summary: RunSummary, health: HealthSummary | None) -> RunBrief:
         values=values,
         verdict=health.verdict if health is not None else None,
         judged_from_output=health is not None and health.judged_from_output,
+        flops_per_second=flops.flops_per_second if flops else None,
+        mfu=flops.mfu if flops else None,
     )
 
 

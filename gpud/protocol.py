@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
 from gpud import __version__
+from gpud.efficiency.model import RunFlops
 from gpud.notify.targets import Format, Webhook, redact
 from gpud.runmodel import (
     Attachment,
@@ -652,6 +653,11 @@ class RunStatus(Reading):
     attempts: list[AttemptRecord]
     parts: list[PartView]
     events: list[RunEvent]
+    flops: RunFlops | None = Field(
+        None,
+        description="node 0's latest: achieved FLOP/s and MFU while the run trains (None:"
+        " it does not train now, or an older daemon)",
+    )
 
 
 #: How a line starts that stands where a bounded log (`logs.max_bytes`) dropped lines, in

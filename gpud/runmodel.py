@@ -8,12 +8,14 @@ trainers are validated strictly, since they arrive on a socket.
 from __future__ import annotations
 
 import secrets
+import statistics
 from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
+from gpud.efficiency.model import RunFlops
 from gpud.snapshot import Reading
 
 
@@ -88,6 +90,11 @@ def can_move(old: RunState, new: RunState, next_attempt: bool = False) -> bool:
     if new == old or new in WITHIN[old]:
         return True
     return next_attempt and new in NEXT_ATTEMPT.get(old, frozenset())
+
+
+#: The states in which a run trains, so has a throughput and a FLOP rate (a stopped run's
+#: last rate is not a rate).
+TRAINING = frozenset({RunState.RUNNING, RunState.STOPPING})
 
 
 class CauseKind(str, Enum):
@@ -535,6 +542,9 @@ class HeartbeatMessage(TrainerMessage):
     host: str
     pid: int
     dropped: int = Field(0, ge=0, description="messages lost so far (queue full, gpud down)")
+    flops_per_step: float | None = Field(
+        None, ge=0, description="FLOPs of one of the rank's steps, counted once (count_flops)"
+    )
 
 
 class ProbeMessage(TrainerMessage):
@@ -592,6 +602,9 @@ class RankView(Reading):
     )
     straggler: bool = False
     stalled: bool = False
+    flops_per_step: float | None = Field(
+        None, description="FLOPs of one of its steps, as the trainers library counted them"
+    )
 
     @computed_field(description=STEP_DEFINITION)  # type: ignore[prop-decorator]
     @property
@@ -704,6 +717,29 @@ def step_rate_samples(
     return per_rank_step * world_size / step_time_s
 
 
+def throughput(
+    logged: Mapping[str, float],
+    step_times: Sequence[float],
+    world_size: int | None,
+    per_rank_step: int | None,
+    tokens_per_sample: int | None,
+) -> tuple[float | None, float | None]:
+    """(samples/s, tokens/s) of a training run: what the trainer logs under a throughput
+    name, else the step rate (the ranks' median step time) × the global batch (×
+    `tokens_per_sample`, the spec's seq_len)."""
+    found = logged_rate(logged, SAMPLES_PER_S_NAMES)
+    samples = found[1] if found else None
+    found = logged_rate(logged, TOKENS_PER_S_NAMES)
+    tokens = found[1] if found else None
+    if samples is None:
+        times = [t for t in step_times if t]
+        step_time = statistics.median(times) if times else None
+        samples = step_rate_samples(step_time, world_size, per_rank_step)
+    if tokens is None and samples is not None and tokens_per_sample:
+        tokens = samples * tokens_per_sample
+    return samples, tokens
+
+
 class HealthSummary(Reading):
     """Published on `run.<id>.health` about once a second while a run runs."""
 
@@ -723,6 +759,9 @@ class HealthSummary(Reading):
     gpu_trouble: list[GpuTrouble] = Field(default_factory=list)
     flight_recorder: list[str] = Field(
         default_factory=list, description="the analyzer's findings when the attempt failed"
+    )
+    flops: RunFlops | None = Field(
+        None, description="achieved FLOP/s and MFU (gpud.efficiency); None from an older daemon"
     )
     judged_from_output: bool = Field(
         False,

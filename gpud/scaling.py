@@ -16,6 +16,9 @@ produced; `gpud.baselines` stores the result; gputop compares a live run with it
   when the smallest count is 1.
 - **Time per step** is the heartbeats' (every rank's, about twice a second, over the steps
   after the warm-up): step time, time waiting in collectives, and compute as the rest.
+- **MFU** (and achieved FLOP/s) is the mean of node 0's health rounds over the same steps
+  (`gpud.efficiency`): at each count against that count's GPUs, so a falling MFU is the
+  scaling loss in the hardware's terms.
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ class ScalingPoint(Reading):
     compute_s: float | None = Field(None, description="step time less collectives")
     collective_s: float | None = Field(None, description="time per step in collectives")
     heartbeats: int = Field(0, description="health summaries the step times come from")
+    flops_per_second: float | None = Field(
+        None, description="achieved FLOP/s, mean of node 0's rounds after the warm-up"
+    )
+    mfu: float | None = Field(None, description="MFU, 0 to 1, mean of the same rounds")
+    mfu_why_not: str | None = Field(None, description="why MFU is n/a at this count")
 
     @property
     def measured(self) -> bool:
@@ -222,6 +230,38 @@ def heartbeat_split(healths: Iterable[HealthSummary], warmup: int) -> Split | No
         samples=len(kept),
         step_time_s=len(kept) / sum(weights),
         collective_s=sum(w * c for w, (_, c) in zip(weights, kept, strict=True)) / sum(weights),
+    )
+
+
+@dataclass(frozen=True)
+class FlopsMean:
+    """Achieved FLOP/s and MFU over the timed steps (see `flops_mean`)."""
+
+    flops_per_second: float | None
+    mfu: float | None
+    why_not: str | None
+
+
+def flops_mean(healths: Iterable[HealthSummary], warmup: int) -> FlopsMean:
+    """The mean FLOP rate and MFU of node 0's rounds (`HealthSummary.flops`) once every
+    rank is past the warm-up, each round once; why MFU is n/a when it is (the latest
+    round's reason)."""
+    seen: set[float] = set()
+    rounds = []
+    for health in sorted(healths, key=lambda h: h.time):
+        ranks = health.ranks
+        if health.time in seen or health.flops is None or not ranks:
+            continue
+        if any(r.last_step is None or r.last_step < warmup for r in ranks):
+            continue
+        seen.add(health.time)
+        rounds.append(health.flops)
+    rates = [f.flops_per_second for f in rounds if f.flops_per_second is not None]
+    mfus = [f.mfu for f in rounds if f.mfu is not None]
+    return FlopsMean(
+        flops_per_second=statistics.fmean(rates) if rates else None,
+        mfu=statistics.fmean(mfus) if mfus else None,
+        why_not=None if mfus or not rounds else rounds[-1].why_not,
     )
 
 

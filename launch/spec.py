@@ -143,6 +143,18 @@ class TrainingHints(SpecModel):
         None, ge=1, description="tokens per sample: gpud reports tokens/s as samples/s × seq_len"
     )
     mixed_precision: Precision | None = None
+    flops_per_sample: float | None = Field(
+        None,
+        gt=0,
+        description="training FLOPs of one sample (forward + backward): gpud reports achieved"
+        " FLOP/s as samples/s × this, and MFU against the GPUs' peak",
+    )
+    model_params: int | None = Field(
+        None,
+        ge=1,
+        description="the model's parameters: with seq_len, gpud estimates achieved FLOP/s as"
+        " 6 × model_params × tokens/s (when flops_per_sample is unset)",
+    )
     gradient_checkpointing: bool | None = None
     lr: float | None = Field(None, gt=0, description="learning rate at lr_base_world_size")
     lr_scaling: Literal["linear", "sqrt", "none"] = Field(

@@ -45,6 +45,8 @@ class Pulse:
         self.collective_s: float | None = None
         self.gpu_uuid: str | None = None
         self.gpu_bus_id: str | None = None
+        #: FLOPs of one step, once counted (Run.count_flops): every heartbeat carries it.
+        self.flops_per_step: float | None = None
         self._gpu_checked = False
         # The training thread's: one tuple, so the link thread never reads half an update.
         self._totals: _Totals = (0, 0.0, 0.0)
@@ -148,6 +150,7 @@ class Pulse:
             "phase_since": since,
             "gpu_uuid": self.gpu_uuid,
             "gpu_bus_id": self.gpu_bus_id,
+            "flops_per_step": self.flops_per_step,
         }
 
 

@@ -21,6 +21,7 @@ torch is imported only inside the calls that need it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -33,6 +34,7 @@ from typing import Any, NoReturn
 
 from trainers import errors, output
 from trainers.env import Hints, RunEnv
+from trainers.flops import FlopCount
 from trainers.hooks import TestHooks
 from trainers.link import QUEUE_CAPACITY, GpudLink, Item
 from trainers.pulse import Pulse
@@ -60,6 +62,7 @@ class Run:
         self._probe_bytes: int | None = None
         self._probed_step: int | None = None
         self._link: GpudLink | None = None
+        self._flops = FlopCount(self._counted) if env.launched else None
         self._host = socket.gethostname()
         self._run_id = env.run_id
         self._attempt = env.attempt
@@ -283,6 +286,29 @@ class Run:
                     "busbw_gbps": result.busbw_gbps,
                 },
             )
+
+    def count_flops(self) -> contextlib.AbstractContextManager[Any]:
+        """Wrap each optimizer step (forward and backward of all its micro-batches):
+
+            with run.count_flops():
+                loss = model(x).loss
+                loss.backward()
+
+        The first step's FLOPs are counted once (torch.utils.flop_counter) and every
+        heartbeat carries them; gpud turns them into achieved FLOP/s and MFU. Later steps
+        get a no-op context, and so does every step outside gpud.
+        """
+        if self._flops is None:
+            return contextlib.nullcontext()
+        return self._flops.step()
+
+    @property
+    def flops_per_step(self) -> float | None:
+        """This rank's FLOPs per step, once `count_flops()` counted them."""
+        return self._pulse.flops_per_step
+
+    def _counted(self, flops: float) -> None:
+        self._pulse.flops_per_step = flops
 
     def watch(self, model: Any) -> Any:
         """Mark a DDP model's gradient all-reduces as collectives in the heartbeats (from

@@ -11,23 +11,16 @@ field the GPU does not offer (None in the sample) is absent, never 0.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from gpud.efficiency.model import RunFlops
 from gpud.notify.targets import DELIVERY_RESULTS
 from gpud.protocol import RunSummary
-from gpud.runmodel import (
-    SAMPLES_PER_S_NAMES,
-    TOKENS_PER_S_NAMES,
-    HealthSummary,
-    RunState,
-    logged_rate,
-    step_rate_samples,
-)
+from gpud.runmodel import TRAINING, HealthSummary, RunState, throughput
 from gpud.snapshot import GpuSample, HostSample, NodeSnapshot, PodRef
 
 MIB = 1024 * 1024
@@ -225,10 +218,6 @@ FIELDS: tuple[GpuField, ...] = (
 )  # fmt: skip
 
 
-#: The states in which a run trains, so has a throughput.
-TRAINING = frozenset({RunState.RUNNING, RunState.STOPPING})
-
-
 @dataclass(frozen=True)
 class RunOnNode:
     """A run as this node knows it: its summary, its latest health (node 0 only), and
@@ -249,21 +238,20 @@ class RunOnNode:
         unless the run is training now: a stopped run's last rate is not a rate."""
         if self.summary.state not in TRAINING:
             return None, None
-        logged = self.summary.last_values
-        samples = _value(logged_rate(logged, SAMPLES_PER_S_NAMES))
-        tokens = _value(logged_rate(logged, TOKENS_PER_S_NAMES))
         health = self.health
-        if samples is None and health is not None:
-            times = [r.step_time_s for r in health.ranks if r.step_time_s]
-            step_time = statistics.median(times) if times else None
-            samples = step_rate_samples(step_time, health.world_size, self.samples_per_rank_step)
-        if tokens is None and samples is not None and self.tokens_per_sample:
-            tokens = samples * self.tokens_per_sample
-        return samples, tokens
+        return throughput(
+            self.summary.last_values,
+            [r.step_time_s for r in health.ranks if r.step_time_s] if health else [],
+            health.world_size if health else None,
+            self.samples_per_rank_step,
+            self.tokens_per_sample,
+        )
 
-
-def _value(found: tuple[str, float] | None) -> float | None:
-    return None if found is None else found[1]
+    def flops(self) -> RunFlops | None:
+        """Node 0's latest FLOP rate and MFU of the run, while it trains."""
+        if self.summary.state not in TRAINING or self.health is None:
+            return None
+        return self.health.flops
 
 
 @dataclass(frozen=True)
@@ -388,6 +376,18 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
                      ("run",))  # fmt: skip
     tokens = _gauge("gpud_run_tokens_per_second", "Tokens trained per second (all ranks).",
                     ("run",))  # fmt: skip
+    flops = _gauge(
+        "gpud_run_flops_per_second",
+        "Achieved FLOP/s of the run, all ranks (counted by the trainers library, from the"
+        " spec's flops_per_sample or 6·model_params·tokens, or the trainer's flops_per_s).",
+        ("run",),
+    )
+    mfu = _gauge(
+        "gpud_run_mfu",
+        "Model FLOPs utilization, 0 to 1: achieved FLOP/s over the GPUs' dense peak at the"
+        " run's precision; absent where n/a (CPU run, simulated GPU, GPU not in the table).",
+        ("run",),
+    )
     straggler = _gauge("gpud_run_straggler", "1 while the rank is a straggler, else 0.",
                        ("run", "rank"))  # fmt: skip
     stalled = _gauge("gpud_run_stalled", "1 while the rank holds the others up (or all are "
@@ -437,6 +437,11 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
             samples.add_metric([rid], per_second[0])
         if per_second[1] is not None:
             tokens.add_metric([rid], per_second[1])
+        found = run.flops()
+        if found is not None and found.flops_per_second is not None:
+            flops.add_metric([rid], found.flops_per_second)
+        if found is not None and found.mfu is not None:
+            mfu.add_metric([rid], found.mfu)
         health = run.health
         if health is None:
             continue
@@ -460,7 +465,8 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
                 step_time.add_metric(labels, rank.step_time_s)
             if rank.collective_s is not None:
                 collective.add_metric(labels, rank.collective_s)
-    for family in (state, attempt, restarts, steps, total, values, samples, tokens, verdict,
+    for family in (state, attempt, restarts, steps, total, values, samples, tokens, flops, mfu,
+                   verdict,
                    from_output, straggler, stalled, busbw, warnings, age, step_time,
                    collective, world, nodes, planned):  # fmt: skip
         if family.samples:

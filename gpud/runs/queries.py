@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gpud.auth import Caller
 from gpud.brief import ENDED_KEPT_MAX, ENDED_KEPT_S
+from gpud.efficiency.model import RunFlops
 from gpud.protocol import (
     ErrorCode,
     ListRequest,
@@ -25,7 +26,7 @@ from gpud.protocol import (
     RunSummary,
     metrics_reply,
 )
-from gpud.runmodel import AttemptRecord, HealthSummary, RunRecord, RunState
+from gpud.runmodel import TRAINING, AttemptRecord, HealthSummary, RunRecord, RunState
 from gpud.runs.book import RunBook, check_coordinator
 from gpud.runs.gang import Gang
 from gpud.runs.logread import read_chunk
@@ -45,7 +46,15 @@ class Queries:
             attempts=self.book.store.attempts(run.id),
             parts=self.gang.part_views(run),
             events=self.book.store.run_events(run.id, limit=100),
+            flops=self._flops(run),
         )
+
+    def _flops(self, run: RunRecord) -> RunFlops | None:
+        """Node 0's latest FLOP rate and MFU of a run that trains now."""
+        if not run.is_coordinator or run.state not in TRAINING:
+            return None
+        health = self.telemetry.health.get(run.id)
+        return health.flops if health else None
 
     def list_runs(self, req: ListRequest) -> RunList:
         store = self.book.store

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from gpud.efficiency.of_run import run_flops, run_gpus
 from gpud.protocol import PartHealth, run_topic
 from gpud.runmodel import (
+    TRAINING,
     BandwidthView,
     GpuTrouble,
     HealthSummary,
@@ -232,6 +234,7 @@ class Telemetry:
             gpu_uuid=beat.gpu_uuid,
             gpu_index=_gpu_index(beat, snapshot),
             outside_lease=bool(lease and beat.gpu_uuid and beat.gpu_uuid not in lease),
+            flops_per_step=beat.flops_per_step,
         )
 
     def _gpu_trouble(
@@ -307,7 +310,23 @@ class Telemetry:
         self.book.publish(run_topic(run.id, "health"), summary)
 
     def assess(self, run: RunRecord, part: Part | None) -> HealthSummary:
-        """The run's health now: every node's ranks on node 0, this node's elsewhere."""
+        """The run's health now: every node's ranks on node 0, this node's elsewhere; while
+        it trains, with its achieved FLOP/s and MFU (gpud.efficiency)."""
+        summary = self._assess(run, part)
+        if run.state not in TRAINING or not run.is_coordinator:
+            return summary
+        latest = self.book.store.latest_metrics(run.id)
+        lease = part.record.gpu_uuids if part is not None else []
+        found = run_flops(
+            parse_spec(run.spec),
+            summary.ranks,
+            summary.world_size,
+            latest[1] if latest else {},
+            run_gpus(run, lease, self.hardware()),
+        )
+        return summary.model_copy(update={"flops": found})
+
+    def _assess(self, run: RunRecord, part: Part | None) -> HealthSummary:
         local = self.part_health(run, part)
         parts = [local]
         if run.is_coordinator:

@@ -215,6 +215,11 @@ def status_command(ctl: Ctl, run: str) -> None:
         f"progress  {progress_line(r)}",
         f"attempt   {r.attempt} (restarts {r.restarts})" + _attempt_shape(r),
     ]
+    if status.flops is not None:
+        lines += [
+            f"flops     {status.flops.flops_line}",
+            f"mfu       {status.flops.mfu_line}",
+        ]
     if r.last_checkpoint:
         lines.append(f"checkpoint {r.last_checkpoint.path} (step {r.last_checkpoint.step})")
     if r.cause is not None:

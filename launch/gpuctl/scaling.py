@@ -33,6 +33,7 @@ import click
 
 from gpud.baselines import BaselineFileError, save_baseline
 from gpud.client import Client, ClientError
+from gpud.efficiency.model import flops_text
 from gpud.frontend import EXIT_INTERRUPTED
 from gpud.protocol import (
     NODE_HW,
@@ -50,6 +51,7 @@ from gpud.scaling import (
     NodeHardware,
     ScalingPoint,
     ScalingResult,
+    flops_mean,
     heartbeat_split,
     throughput,
     timed_window,
@@ -306,6 +308,7 @@ def measure(
         window, count.world, samples_per_rank_step(spec.training.model_dump())
     )
     split = heartbeat_split(watch.healths, settings.warmup)
+    flops = flops_mean(watch.healths, settings.warmup)
     measured = {
         "steps": window.steps,
         "seconds": window.seconds,
@@ -317,6 +320,9 @@ def measure(
         "step_time_s": split.step_time_s if split else None,
         "collective_s": split.collective_s if split else None,
         "compute_s": split.compute_s if split else None,
+        "flops_per_second": flops.flops_per_second,
+        "mfu": flops.mfu,
+        "mfu_why_not": flops.why_not,
     }
     if status.run.state is RunState.FAILED:
         measured["error"] = f"after its last timed step: {status.run.reason}"
@@ -374,6 +380,13 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def _mfu(point: ScalingPoint) -> str:
+    """`41.2%`; `n/a` (the reason is above the table) where the count has FLOP/s only."""
+    if point.mfu is not None:
+        return f"{point.mfu * 100:.1f}%"
+    return "n/a" if point.mfu_why_not else "-"
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
@@ -385,6 +398,9 @@ def render(result: ScalingResult) -> list[str]:
     base = result.base
     if base is not None:
         lines.append(f"throughput: {base.source}")
+    why = next((p.mfu_why_not for p in result.points if p.mfu_why_not), None)
+    if why is not None:
+        lines.append(f"MFU n/a: {why}")
     rows = []
     for p in result.points:
         guide = p.guide_speedup
@@ -402,6 +418,8 @@ def render(result: ScalingResult) -> list[str]:
                 "-" if p.speedup is None else f"{p.speedup:.2f}×",
                 "-" if p.efficiency is None else f"{p.efficiency * 100:.0f}%",
                 "-" if guide is None else f"{guide[0]:.1f}–{guide[1]:.1f}×",
+                flops_text(p.flops_per_second),
+                _mfu(p),
                 _ms(p.step_time_s),
                 _ms(p.compute_s),
                 _ms(p.collective_s),
@@ -415,6 +433,8 @@ def render(result: ScalingResult) -> list[str]:
         "SPEEDUP",
         "EFFICIENCY",
         "GUIDES",
+        "FLOP/S",
+        "MFU",
         "STEP TIME",
         "COMPUTE",
         "COLLECTIVES",

@@ -17,6 +17,8 @@ import pytest
 
 from gpud.baselines import baselines_path, load_baselines
 from gpud.client import Client
+from gpud.efficiency.mfu import SIMULATED
+from gpud.efficiency.model import flops_text
 from gpud.protocol import RUN_LIST, ListRequest, RunList
 from gpud.scaling import ScalingPoint
 from tests.support.daemons import RunningDaemon, gpuctl
@@ -115,6 +117,12 @@ def test_scaling_at_1_and_2_processes_reports_the_runs_own_numbers(daemon: Runni
     assert shown[1]["THROUGHPUT"] == f"{two.throughput:,.0f} samples/s"
     assert shown[1]["GUIDES"] == "1.8–1.9×" and shown[0]["GUIDES"] == "-"
     assert shown[1]["COLLECTIVES"] == f"{two.collective_s * 1000:.1f} ms"
+    # MFU per count: the example counts its FLOPs; on simulated GPUs there is no peak.
+    for point, row in ((one, shown[0]), (two, shown[1])):
+        assert point.flops_per_second is not None and point.flops_per_second > 0
+        assert point.mfu is None and point.mfu_why_not == SIMULATED
+        assert row["FLOP/S"] == flops_text(point.flops_per_second) and row["MFU"] == "n/a"
+    assert f"MFU n/a: {SIMULATED}" in head
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from gpud.client import NodeTarget
+from gpud.efficiency.model import RunFlops
 from gpud.protocol import (
     Event,
     LogChunk,
@@ -199,7 +200,16 @@ def values(step: int) -> dict[str, float]:
     }
 
 
-def health(run_id: str) -> HealthSummary:
+def flops(mfu: float) -> RunFlops:
+    """4 H100s at bf16, the first step's FLOPs counted."""
+    peak = 989.4e12
+    return RunFlops(
+        flops_per_second=mfu * peak * 4, source="counted", gpu_model="H100 SXM", dtype="bf16",
+        gpus=4, peak_flops_per_gpu=peak, mfu=mfu, sm_active=0.86,
+    )  # fmt: skip
+
+
+def health(run_id: str, mfu: float = 0.412, time: float = T0) -> HealthSummary:
     ranks = [
         RankView(
             rank=r,
@@ -219,7 +229,7 @@ def health(run_id: str) -> HealthSummary:
     return HealthSummary(
         run_id=run_id,
         attempt=2,
-        time=T0,
+        time=time,
         verdict="degraded",
         reasons=["rank 3 is a straggler (3.0× the median step time)"],
         backend="nccl",
@@ -238,6 +248,7 @@ def health(run_id: str) -> HealthSummary:
         nccl_warnings=1,
         last_nccl_warning="NCCL WARN NET/IB : Got completion with error 12",
         gpu_trouble=[GpuTrouble(node="gpu-a02", gpu_index=1, xid=1, events=["XID 79"])],
+        flops=flops(mfu),
     )
 
 
@@ -315,6 +326,8 @@ def fleet(clock: FixedClock | None = None, wall: FixedClock | None = None) -> Fl
             ),
         ),
     )
+    for i in range(12):  # node 0's health rounds: the MFU sparkline's history
+        model.apply_health(health(run, 0.30 + 0.01 * i, T0 - 12 + i))
     model.apply_health(health(run))
     model.apply_log_chunk(
         LogChunk(

@@ -5,10 +5,14 @@ daemon that sends no briefs still gets everything. No Textual, no sockets."""
 from __future__ import annotations
 
 from gpud.brief import RunBrief, node_brief, sum_topic
+from gpud.efficiency.mfu import SIMULATED
+from gpud.efficiency.model import RunFlops
 from gpud.protocol import RunList
 from gpud.runmodel import HealthSummary, RunState
 from tests.tui import scenes
 from tui.model.fleet import FleetModel
+from tui.widgets.run_header import mfu_text
+from tui.widgets.runs_table import mfu_cell
 
 KEY = "tcp://10.0.0.1:7711"
 
@@ -123,3 +127,28 @@ def test_a_run_without_heartbeats_reads_no_beats_not_ok() -> None:
     assert run.verdict() == "no beats"  # from the health event
     model.apply_health(live.model_copy(update={"verdict": "stalled"}))
     assert run.verdict() == "stalled"  # a stall seen in the output is one
+
+
+def test_mfu_moves_with_the_brief_and_the_health_says_why_it_is_na() -> None:
+    model, _ = one_node()
+    model.apply_runs(KEY, RunList(runs=[scenes.summary("ddp-1", [KEY], step=100)]))
+    for seq, mfu in ((1, 0.38), (2, 0.40), (3, 0.41), (4, 0.41)):
+        flops = line(100 + seq).model_copy(update={"flops_per_second": mfu * 4e15, "mfu": mfu})
+        model.apply_event(KEY, brief_event(seq, [flops]))  # type: ignore[arg-type]
+    run = model.runs["ddp-1"]
+    assert mfu_cell(run).plain == "41%"  # the Runs screen's column, from node 0's brief
+    assert run.mfu_history() == [0.38, 0.40, 0.41]  # a repeated round is no new point
+    text = mfu_text(run)
+    assert text is not None and text.plain.startswith("MFU 41.0% ")
+    # Simulated GPUs: a FLOP rate, no MFU; the health (a run on screen) says why.
+    simulated = RunFlops(flops_per_second=2.5e9, source="counted", gpus=2, why_not=SIMULATED)
+    model.apply_health(
+        HealthSummary(run_id="ddp-1", attempt=2, time=scenes.T0 + 9, verdict="ok", flops=simulated)
+    )
+    assert mfu_cell(run).plain == "n/a"
+    text = mfu_text(run)
+    assert text is not None
+    assert text.plain.startswith("FLOP/s 2.5 GFLOP/s ")
+    assert f"MFU n/a ({SIMULATED}) · counted" in text.plain
+    model.apply_event(KEY, brief_event(9, [line(120, RunState.STOPPED)]))  # type: ignore[arg-type]
+    assert mfu_cell(run).plain == "–" and mfu_text(run) is None  # not training: no rate

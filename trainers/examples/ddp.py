@@ -83,17 +83,19 @@ def main() -> None:
     step = start
     while step < args.steps:
         total = 0.0
-        for micro in range(args.grad_accum):
-            x, y = next(stream)
-            last = micro == args.grad_accum - 1
-            # Gradients are all-reduced on the last micro-batch only.
-            sync: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
-            if isinstance(ddp, DistributedDataParallel) and not last:
-                sync = ddp.no_sync()
-            with sync, torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss = torch.nn.functional.mse_loss(ddp(x), y) / args.grad_accum
-            scaler.scale(loss).backward()
-            total += loss.item()
+        with run.count_flops():  # the first step's FLOPs, counted once: gpud's MFU
+            for micro in range(args.grad_accum):
+                x, y = next(stream)
+                last = micro == args.grad_accum - 1
+                # Gradients are all-reduced on the last micro-batch only.
+                sync: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+                if isinstance(ddp, DistributedDataParallel) and not last:
+                    sync = ddp.no_sync()
+                amp = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+                with sync, amp:
+                    loss = torch.nn.functional.mse_loss(ddp(x), y) / args.grad_accum
+                scaler.scale(loss).backward()
+                total += loss.item()
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)

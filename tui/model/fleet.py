@@ -165,9 +165,7 @@ class FleetModel:
             )
             run.version += 1
         elif isinstance(body, HealthSummary):
-            run = self._run(body.run_id)
-            run.health = body
-            run.version += 1
+            self._run(body.run_id).set_health(body)
         elif isinstance(body, RunEvent):
             run = self._run(body.run_id)
             run.events.append(body)
@@ -270,7 +268,7 @@ class FleetModel:
         with self.lock:
             run = self._run(health.run_id)
             if run.health is None or run.health.time <= health.time:
-                run.health = health
+                run.set_health(health)
             run.version += 1
             self._changed()
 

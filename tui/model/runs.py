@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpud.brief import RunBrief
+from gpud.efficiency.model import RunFlops
 from gpud.protocol import MetricsReply, RunSummary
 from gpud.runmodel import (
     SAMPLES_PER_S_NAMES,
@@ -82,6 +83,10 @@ class RunView:
         self.metrics_version = 0
         self.version = 0
         self.worlds: dict[int, int] = {}  # attempt → its world size (elastic runs change it)
+        #: node 0's latest (FLOP/s, MFU) of the run (its brief's or its health's), and
+        #: their recent values for the sparkline
+        self.last_flops: tuple[float | None, float | None] = (None, None)
+        self.flops_history: deque[tuple[float, float | None]] = deque(maxlen=RATE_WINDOW)
 
     # ------------------------------------------------------------ the gang's record
 
@@ -136,7 +141,47 @@ class RunView:
                 self.version += 1
             if brief.last_step is not None:
                 self._progressed(brief.attempt, when, float(brief.last_step))
+            self._flops_moved(brief.flops_per_second, brief.mfu)
         return stale
+
+    def set_health(self, health: HealthSummary) -> None:
+        self.health = health
+        found = health.flops
+        self._flops_moved(found.flops_per_second if found else None, found.mfu if found else None)
+        self.version += 1
+
+    def _flops_moved(self, flops: float | None, mfu: float | None) -> None:
+        if (flops, mfu) == self.last_flops:
+            return  # briefs and health both carry node 0's latest round: once each
+        self.last_flops = (flops, mfu)
+        if flops is not None:
+            self.flops_history.append((flops, mfu))
+        self.version += 1
+
+    # ------------------------------------------------------------ FLOPs and MFU
+
+    def flops(self) -> RunFlops | None:
+        """Node 0's full record of the run's FLOP rate and MFU, while the run trains and
+        its health is here (a run on screen)."""
+        if not self.active or self.health is None:
+            return None
+        return self.health.flops
+
+    def mfu(self) -> tuple[float | None, float | None]:
+        """(FLOP/s, MFU) now: the health's where it came, else node 0's brief's."""
+        if not self.active:
+            return None, None
+        full = self.flops()
+        if full is not None:
+            return full.flops_per_second, full.mfu
+        return self.last_flops
+
+    def mfu_history(self) -> list[float]:
+        """Recent MFU, oldest first; the FLOP rate where MFU is n/a (a simulated GPU)."""
+        points = list(self.flops_history)
+        if points and all(mfu is not None for _, mfu in points):
+            return [mfu for _, mfu in points if mfu is not None]
+        return [flops for flops, _ in points]
 
     def _progressed(self, attempt: int, when: float, step: float) -> None:
         if attempt < self.progress_attempt:

@@ -1,6 +1,7 @@
 """Two lines about a run: what it is (state, attempt, launcher and backend, nodes ×
-processes) and how it goes (step, loss, learning rate, throughput, ETA); a third when its
-spec has a scaling baseline: its efficiency against linear."""
+processes) and how it goes (step, loss, learning rate, throughput, ETA); then, while it
+has a FLOP rate, its MFU (gpud.efficiency) with its GPUs' SM activity beside it; and when
+its spec has a scaling baseline, its efficiency against linear."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from rich.text import Text
 from textual.widgets import Static
 
+from gpud.efficiency.model import flops_text
 from gpud.runmodel import Attachment
 from gpud.scaling import LiveEfficiency
 from tui.model import units
@@ -72,11 +74,48 @@ def header_text(run: RunView, metric: str, efficiency: LiveEfficiency | None = N
         text.append(" " + units.sparkline(list(lr), SPARK).strip(), style="magenta")
     if s.last_checkpoint is not None and s.last_checkpoint.step is not None:
         text.append(f"  ckpt @{s.last_checkpoint.step}", style="dim")
+    flops_line = mfu_text(run)
+    if flops_line is not None:
+        text.append("\n")
+        text.append_text(flops_line)
     if efficiency is not None:
         text.append("\n")
         text.append_text(
             efficiency_text(efficiency, "GPUs" if run.parts_hold_gpus() else "processes")
         )
+    return text
+
+
+def mfu_text(run: RunView) -> Text | None:
+    """`MFU 41.2% ▂▄▆ · SM active 86% · 1.6 PFLOP/s of 4 × H100 SXM at bf16 · counted`: the
+    hardware's view right beside the model's; where MFU is n/a, the FLOP rate with its
+    sparkline and why. None without a FLOP rate."""
+    flops, mfu = run.mfu()
+    if flops is None:
+        return None
+    full = run.flops()
+    values: list[float | None] = list(run.mfu_history())
+    spark = " " + units.sparkline(values, SPARK).strip() if len(values) > 1 else ""
+    sm = f" · SM active {full.sm_active * 100:.0f}%" if full and full.sm_active is not None else ""
+    text = Text()
+    if mfu is not None:
+        text.append("MFU ", style="cyan")
+        text.append(f"{mfu * 100:.1f}%", style="bold")
+        text.append(spark, style="green")
+        text.append(sm, style="cyan")
+        text.append(f" · {flops_text(flops)}")
+        if full is not None:
+            text.append(f" of {full.gpus} × {full.gpu_model} at {full.dtype}")
+    else:
+        text.append("FLOP/s ", style="cyan")
+        text.append(flops_text(flops), style="bold")
+        text.append(spark, style="green")
+        text.append(sm, style="cyan")
+        text.append(" · MFU n/a", style="cyan")
+        if full is not None and full.why_not:
+            text.append(f" ({full.why_not})", style="dim")
+    if full is not None and full.source is not None:
+        text.append(f" · {full.source.replace('_', ' ')}", style="dim")
     return text
 
 

@@ -1,5 +1,5 @@
 """Every run across the nodes: state (with its place in the queue), nodes × processes, step,
-loss, rate, ETA, health verdict, attempt, the GPUs it holds, age."""
+loss, rate, ETA, health verdict, MFU, attempt, the GPUs it holds, age."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ COLUMNS = [
     ("RATE", "rate", None),
     ("ETA", "eta", 6),
     ("HEALTH", "health", 9),
+    ("MFU", "mfu", 5),
     ("ATT", "attempt", 4),
     ("GPUS", "gpus", 13),
     ("AGE", "age", 7),
@@ -71,6 +72,15 @@ def verdict_cell(run: RunView) -> Text:
     return Text(verdict, style=VERDICT_STYLES.get(verdict, ""))
 
 
+def mfu_cell(run: RunView) -> Text:
+    """`41%`; `n/a` where the run has a FLOP rate but no MFU (a CPU run, simulated GPUs,
+    a GPU outside the peak table: the Run screen says which); `–` without a FLOP rate."""
+    flops, mfu = run.mfu()
+    if mfu is not None:
+        return Text(f"{mfu * 100:.0f}%", style="bold")
+    return Text("n/a" if flops is not None else "–", style="dim")
+
+
 def run_row(run: RunView, now_wall: float) -> Row:
     s = run.summary
     step_text = steps_text(run.steps_done(), s.max_steps, missing="–")
@@ -86,6 +96,7 @@ def run_row(run: RunView, now_wall: float) -> Row:
             "–" if rate is None else f"{units.number(rate.value, 3)}{RATE_UNITS[rate.unit]}",
             units.duration(run.eta_s()) if run.active else "–",
             verdict_cell(run),
+            mfu_cell(run),
             str(s.attempt),
             Text(run.gpus_text(), style="" if run.active else "dim"),
             units.duration(now_wall - s.created_at),

@@ -4,6 +4,8 @@ the trainer logs or from the step rate and the spec's batch, and per-rank flags 
 
 from __future__ import annotations
 
+from gpud.efficiency.mfu import SIMULATED
+from gpud.efficiency.model import RunFlops
 from gpud.prometheus.series import RunOnNode, run_families
 from gpud.protocol import RunSummary
 from gpud.runmodel import HealthSummary, RankView, RunState, Stall
@@ -86,3 +88,21 @@ def test_health_judged_from_the_output_is_flagged_beside_the_verdict() -> None:
     # the state set keeps its five verdicts, so dashboards and rules read it as before
     assert series["gpud_run_health"][("verdict=ok",)] == 1.0
     assert rendered(RunOnNode(summary(), health([0.1])))["gpud_run_health_from_output"] == {(): 0.0}
+
+
+def test_flops_and_mfu_from_node_0s_health() -> None:
+    with_mfu = health([0.5]).model_copy(
+        update={"flops": RunFlops(flops_per_second=4e14, mfu=0.404, gpus=1)}
+    )
+    series = rendered(RunOnNode(summary(), with_mfu))
+    assert series["gpud_run_flops_per_second"] == {(): 4e14}
+    assert series["gpud_run_mfu"] == {(): 0.404}
+    # n/a (a simulated GPU): the FLOP rate without an MFU series, never an MFU of 0.
+    simulated = health([0.5]).model_copy(
+        update={"flops": RunFlops(flops_per_second=1e9, why_not=SIMULATED, gpus=1)}
+    )
+    series = rendered(RunOnNode(summary(), simulated))
+    assert series["gpud_run_flops_per_second"] == {(): 1e9}
+    assert "gpud_run_mfu" not in series
+    stopped = rendered(RunOnNode(summary(RunState.STOPPED), with_mfu))
+    assert "gpud_run_flops_per_second" not in stopped and "gpud_run_mfu" not in stopped

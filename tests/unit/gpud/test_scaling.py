@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpud.efficiency.mfu import SIMULATED
+from gpud.efficiency.model import RunFlops
 from gpud.protocol import MetricRow
 from gpud.runmodel import HealthSummary, RankView
 from gpud.scaling import (
@@ -15,6 +17,7 @@ from gpud.scaling import (
     TOKENS,
     ScalingPoint,
     ScalingResult,
+    flops_mean,
     heartbeat_split,
     live_efficiency,
     throughput,
@@ -107,6 +110,24 @@ def test_the_split_uses_summaries_past_the_warmup_once_each_without_the_first() 
     assert split.collective_s == pytest.approx((5 * 0.04 + 2.5 * 0.06) / 7.5)
     assert split.compute_s == pytest.approx(split.step_time_s - split.collective_s)
     assert heartbeat_split(summaries[:2], warmup=10) is None
+
+
+def test_mfu_is_the_mean_of_node_0s_rounds_past_the_warmup_each_once() -> None:
+    def with_flops(time: float, steps: list[int], mfu: float | None) -> HealthSummary:
+        flops = RunFlops(flops_per_second=(mfu or 0.1) * 1e15, mfu=mfu, gpus=2,
+                         why_not=None if mfu is not None else SIMULATED)  # fmt: skip
+        return health(time, steps, 0.1, 0.0).model_copy(update={"flops": flops})
+
+    rounds = [with_flops(1.0, [3, 3], 0.9), with_flops(2.0, [20, 20], 0.40),
+              with_flops(2.0, [20, 20], 0.40), with_flops(3.0, [30, 30], 0.44)]  # fmt: skip
+    found = flops_mean(rounds, warmup=10)
+    assert found.mfu == pytest.approx(0.42) and found.why_not is None
+    assert found.flops_per_second == pytest.approx(0.42e15)
+    simulated = flops_mean([with_flops(2.0, [20, 20], None)], warmup=10)
+    assert simulated.mfu is None and simulated.why_not == SIMULATED
+    assert simulated.flops_per_second == pytest.approx(1e14)
+    none = flops_mean([health(2.0, [20, 20], 0.1, 0.0)], warmup=10)  # an older daemon
+    assert (none.flops_per_second, none.mfu, none.why_not) == (None, None, None)
 
 
 def point(world: int, value: float | None, unit: str = SAMPLES, sps: float = 1.0) -> ScalingPoint:
