@@ -253,6 +253,10 @@ def main() -> None:
               f" {held} runs held (max_runs {args.max_runs} finished)")  # fmt: skip
         history = tmp / "history"
         fill(history, args.history, points=10)
+        # As an installed gpuctl starts: its modules' bytecode cached (pip compiles them at
+        # install; this machine's PYTHONDONTWRITEBYTECODE would recompile them every time).
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
         list_times(tmp, history, args.history)
 
 

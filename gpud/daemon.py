@@ -314,6 +314,8 @@ class Daemon:
             clock=self._clock,
         )  # fmt: skip
         self._notify.attach(self._supervisor)
+        publisher = self._publisher
+        self._supervisor.on_forget.append(lambda run_id: publisher.forget(f"run.{run_id}."))
         self._retention = Retention(
             s.retention, self._store, self.state, self._supervisor, s.node_name, self._clock
         )

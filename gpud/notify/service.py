@@ -79,9 +79,14 @@ class Notifier:
         self._supervisor = supervisor
         supervisor.book.on_moved.append(self.run_moved)
         supervisor.telemetry.on_health.append(self.health)
+        supervisor.on_forget.append(self._forget)
 
     def close(self) -> None:
         self.sender.close()
+
+    def _forget(self, run_id: str) -> None:
+        """A run retention removed: its webhooks are not kept for it any more."""
+        self._of_run.pop(run_id, None)
 
     # ------------------------------------------------------------------ to whom, once
 

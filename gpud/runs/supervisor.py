@@ -170,6 +170,8 @@ class Supervisor:
         #: them): the run, and GPU index → what failed.
         self.bad_gpus: list[Callable[[RunRecord, dict[int, str]], None]] = []
         self._starting: set[str] = set()  # runs whose run.start is under way
+        #: Who else lets go of a run retention removed (the publisher's topics).
+        self.on_forget: list[Callable[[str], None]] = []
         self._last_stop_sent: dict[str, float] = {}
         self._hangs: dict[str, int] = {}  # run → the attempt already stopped as hung
         self._last_pids: dict[str, float] = {}
@@ -1075,6 +1077,8 @@ class Supervisor:
         self._hangs.pop(run_id, None)
         self._last_stop_sent.pop(run_id, None)
         self._last_pids.pop(run_id, None)
+        for hear in self.on_forget:
+            hear(run_id)
 
     def _on_found(self, run_id: str, found: Found) -> None:
         """On the loop: what a run's pattern thread found."""
