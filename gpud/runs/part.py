@@ -70,8 +70,10 @@ class Part:
         #: Started by a scheduler, not by gpud (gpud.runs.attached): its "shim" is the part
         #: runner, its end comes from the attach socket, and gpud never signals it.
         self.external = False
-        #: Ended, and the daemon read its log to the end (the supervisor stops looking).
+        #: Ended, and the daemon read its log (`log_done`) and rank 0's metrics.jsonl
+        #: (`metrics_done`) to the end: the ticks stop looking at it (`RunBook.busy_parts`).
         self.log_done = False
+        self.metrics_done = False
 
     # ------------------------------------------------------------------ paths
 

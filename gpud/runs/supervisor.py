@@ -953,7 +953,7 @@ class Supervisor:
         now = self.clock()
         with self.ledger.charge("store"):
             self.store.retry()
-        for run, part in self.book.parts():
+        for run, part in self.book.busy_parts():
             if part.log_done:
                 continue
             moved = await self._follow_log(run, part)

@@ -88,9 +88,6 @@ class _RunTelemetry:
     stragglers: StragglerWatch = field(default_factory=StragglerWatch)
     output_at: float | None = None  # when this node's part last printed a line
     step: tuple[int, float] | None = None  # the newest metric step, and when it came
-    #: The part ended and its metrics.jsonl was read to the end: not opened again each tick
-    #: (with a thousand finished runs kept, that was 4,000 opens a second on an idle daemon).
-    drained: bool = False
 
 
 class Telemetry:
@@ -274,15 +271,18 @@ class Telemetry:
     def tick(self, now: float) -> None:
         # Metrics the store had to drop while its disk was full: read rank 0's file again.
         reread = self.book.store.take_metrics_lost()
-        for run, part in self.book.parts():
+        for run_id in reread:
+            lost = self.book.part(run_id)
+            if lost is not None:
+                lost.metrics_done = False
+        for run, part in self.book.busy_parts():
             run_id = run.id
             state = self._of(run_id, part.record.attempt)
             if run_id in reread:
                 state.jsonl_offset, state.jsonl_partial = 0, b""
-                state.drained = False
-            if run.is_coordinator and not state.drained:
-                read = self._backfill(run, state)
-                state.drained = part.record.state.terminal and not read
+            if not part.metrics_done:
+                read = self._backfill(run, state) if run.is_coordinator else 0
+                part.metrics_done = part.record.state.terminal and not read
             if now >= state.next_dumps and not part.record.state.terminal:
                 state.next_dumps = now + DUMPS_EVERY_S
                 self._find_dumps(run, part, state)
