@@ -58,6 +58,9 @@ PREVIOUS_TAG = "v0.1.0"
 PREVIOUS_VERSION = "0.1.0"
 #: The store schema gpud 0.1.0 wrote.
 PREVIOUS_SCHEMA = 4
+#: The previous release's own example: its script as that release's library knows it (the
+#: script of HEAD calls what 0.1.0's library lacks, e.g. `run.count_flops()`).
+CPU_DDP_SPEC = Path("config/examples/cpu-ddp.yaml")
 
 Daemons = Callable[..., RunningDaemon]
 
@@ -145,9 +148,7 @@ def test_an_upgrade_in_place_adopts_the_previous_releases_run_and_loses_no_step(
 ) -> None:
     old = previous_daemon(daemons, previous, "n0")
     assert store_schema(old.state_dir) == (PREVIOUS_SCHEMA, [])
-    run_id = launch(
-        old, FAST, "training.max_steps=100000", config=ROOT / "config/examples/cpu-ddp.yaml"
-    )
+    run_id = launch(old, FAST, "training.max_steps=100000", config=previous.root / CPU_DDP_SPEC)
     wait_for_step(old, run_id, 10)
     ranks = ranks_of(run_id)
     assert sorted(ranks) == [0, 1]
@@ -195,7 +196,7 @@ def test_a_two_node_run_across_two_releases_trains_and_stops_cleanly(
         for rank in (0, 1)
     ]
     run_id = launch(
-        nodes[0], FAST, "training.max_steps=100000",
+        nodes[0], FAST, "training.max_steps=100000", config=previous.root / CPU_DDP_SPEC,
         nodes=(nodes[0].address, nodes[1].address),
     )  # fmt: skip
     wait_for_step(nodes[0], run_id, 10)
