@@ -484,7 +484,13 @@ class Supervisor:
             if not queue or exc.code is not ErrorCode.UNAVAILABLE:
                 raise
             return self._queue(run, master_addr, caller, exc.message, warnings)
-        if queue and len(nodes) > 1 and not req.start_by_call:
+        if len(nodes) > 1 and (queue or req.start_by_call) and not req.dry_run:
+            if req.start_by_call:
+                # Every node joins first; gpuctl's run.start then starts the first attempt as
+                # node 0 starts any other: reserved everywhere, the preflight, the port,
+                # then the parts.
+                why = "waiting for every node to join; node 0 starts it then"
+                return self._queue(run, master_addr, caller, why, warnings, awaiting_start=True)
             # Node 0 starts it once every node joined and can give its part (all or none).
             why = "waiting for every node to join"
             return self._queue(run, master_addr, caller, why, warnings)
@@ -501,11 +507,6 @@ class Supervisor:
                 plan=self._plan(run, spec, place),
                 warnings=warnings,
             )
-        if req.start_by_call and len(nodes) > 1:
-            # Every node joins first; gpuctl's run.start then starts the first attempt as
-            # node 0 starts any other: reserved everywhere, the preflight, then the parts.
-            why = "waiting for every node to join; node 0 starts it then"
-            return self._queue(run, master_addr, caller, why, warnings, awaiting_start=True)
         self.store.lease_port(port, run_id, 1, self.clock())
         run = self.book.add(run)
         self._trust_members(run)
