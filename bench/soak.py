@@ -11,7 +11,8 @@ given several thousand short real runs, launched and ended back to back, at most
 - `long`: would run a minute; it is stopped (the stop handshake, then SIGTERM).
 
 A client asks `node.info` every 50 ms throughout. Printed, start against end: the daemon's
-idle CPU (20 s with nothing running, before the load and after it drained), its RSS and
+idle CPU (30 s with nothing running and one viewer, before the load, and once it
+drained and the ended runs left the node brief; the end's split by component), its RSS and
 open file descriptors, the control round trip's p50/p99 in the first and the last 2
 minutes of load, the state dir's size against its bound, and the runs it holds; then a
 whole `gpuctl ps` (a new process) against a state dir with 10,000 runs in history.
@@ -42,7 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+from bench.daemon_overhead import LAST_COMPONENTS, idle_cost, print_components  # noqa: E402
 from bench.retention_gc import fill, list_times  # noqa: E402
+from gpud.brief import ENDED_KEPT_S  # noqa: E402
 from gpud.client import Client, ClientError  # noqa: E402
 from gpud.protocol import (  # noqa: E402
     RUN_LAUNCH,
@@ -88,16 +91,6 @@ def state_runs(port: int) -> str:
         if line.startswith("gpud_state_runs "):
             return str(line.split()[1])
     return "?"
-
-
-def idle_cpu(proc: psutil.Process, seconds: float) -> float:
-    """The daemon's CPU, % of a core, over `seconds` with nothing running."""
-    before = proc.cpu_times()
-    start = time.monotonic()
-    time.sleep(seconds)
-    after = proc.cpu_times()
-    spent = (after.user + after.system) - (before.user + before.system)
-    return spent / (time.monotonic() - start) * 100
 
 
 class Pinger(threading.Thread):
@@ -217,7 +210,7 @@ def main() -> None:
         try:
             proc = psutil.Process(daemon.proc.pid)
             time.sleep(5.0)
-            idle_start = idle_cpu(proc, 20.0)
+            idle_start = idle_cost(daemon, 30.0)[0] * 100
             rss_start, fds_start = proc.memory_info().rss, proc.num_fds()
             pinger = Pinger(daemon)
             pinger.start()
@@ -226,8 +219,9 @@ def main() -> None:
             ended = time.monotonic()
             pinger.stop.set()
             pinger.join()
-            time.sleep(float(os.environ.get("SOAK_SETTLE_S", "70")))  # a retention pass
-            idle_end = idle_cpu(proc, 20.0)
+            # Past a retention pass, and past the time the node brief names ended runs.
+            time.sleep(float(os.environ.get("SOAK_SETTLE_S", str(ENDED_KEPT_S + 10))))
+            idle_end = idle_cost(daemon, 30.0)[0] * 100
             rss_end, fds_end = proc.memory_info().rss, proc.num_fds()
             size = du(state)
             held = state_runs(metrics_port)
@@ -241,6 +235,10 @@ def main() -> None:
             f" retention max_runs {args.max_runs}, max_bytes {args.max_bytes}"
         )
         print(f"  daemon idle CPU     start {idle_start:6.3f} %   end {idle_end:6.3f} %")
+        print_components("      end: ")
+        passes = LAST_COMPONENTS.get("retention", 0.0) * 100
+        print(f"  daemon idle CPU at the end less the retention passes (one a minute here; the"
+              f" default is an hour): {idle_end - passes:6.3f} %")  # fmt: skip
         rss_warm, fds_warm = pinger.warm(began + min(120.0, (ended - began) / 4))
         print(f"  daemon RSS          idle {rss_start / MB:6.1f} MB, after 2 min of load"
               f" {rss_warm / MB:6.1f} MB, end {rss_end / MB:6.1f} MB"

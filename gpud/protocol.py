@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
 from gpud import __version__
+from gpud.efficiency.goodput import Goodput
 from gpud.efficiency.model import RunFlops
 from gpud.notify.targets import Format, Webhook, redact
 from gpud.runmodel import (
@@ -590,6 +591,11 @@ class RunSummary(Reading):
     planned_nodes: int | None = Field(
         None, description="the nodes it was launched on (its spares not counted)"
     )
+    goodput: Goodput | None = Field(
+        None,
+        description="node 0's account of its wall time by bucket, as last stored (every"
+        " 10 s while it runs; `run.status` has it up to now)",
+    )
 
     @property
     def state_label(self) -> str:
@@ -657,6 +663,11 @@ class RunStatus(Reading):
         None,
         description="node 0's latest: achieved FLOP/s and MFU while the run trains (None:"
         " it does not train now, or an older daemon)",
+    )
+    goodput: Goodput | None = Field(
+        None,
+        description="node 0's account of the run's wall time by bucket, up to now (None:"
+        " not node 0, or an older daemon)",
     )
 
 

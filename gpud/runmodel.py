@@ -15,6 +15,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
+from gpud.efficiency.goodput import Goodput
 from gpud.efficiency.model import RunFlops
 from gpud.snapshot import Reading
 
@@ -389,6 +390,9 @@ class RunRecord(Reading):
         description="launched: node 0 starts its first attempt once gpuctl says every"
         " node joined (run.start), after the preflight",
     )
+    goodput: Goodput | None = Field(
+        None, description="node 0's account of its wall time by bucket (gpud.efficiency.goodput)"
+    )
 
     @property
     def queue_key(self) -> tuple[float, str]:
@@ -420,6 +424,7 @@ class RunChanges(TypedDict, total=False):
     grad_accum: int | None
     bandwidth: dict[int, list[float]]
     awaiting_start: bool
+    goodput: Goodput | None
 
 
 class RunEvent(Reading):
@@ -507,6 +512,7 @@ class CheckpointMessage(TrainerMessage):
     rank: int = Field(ge=0)
     path: str
     step: int = Field(ge=0)
+    seconds: float | None = Field(None, ge=0, description="what the save took (goodput)")
 
 
 class StoppedMessage(TrainerMessage):

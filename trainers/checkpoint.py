@@ -22,6 +22,7 @@ import random
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,7 @@ class Checkpointer:
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Collective. Rank 0 writes `state` plus every rank's RNG state; returns the path."""
+        began = time.monotonic()
         rngs = _gather_rng()
         path = self.path_for(step)
         if self.run.rank == 0:
@@ -192,7 +194,7 @@ class Checkpointer:
             }
             self._write(path, step, payload)
             self._prune()
-            self.run.checkpoint_saved(path, step)
+            self.run.checkpoint_saved(path, step, time.monotonic() - began)
         if _distributed():
             dist.barrier()
         return path
@@ -236,6 +238,7 @@ class Checkpointer:
     def save_deepspeed(self, engine: Any, step: int, client_state: dict[str, Any]) -> Path:
         """Collective: DeepSpeed's own sharded save, with every rank's RNG state."""
         tag = f"step_{step:08d}"
+        began = time.monotonic()
         rngs = _gather_rng()
         engine.save_checkpoint(
             str(self.dir), tag=tag, client_state={**client_state, "step": step, "rng": rngs}
@@ -243,7 +246,7 @@ class Checkpointer:
         path = self.dir / tag
         if self.run.rank == 0:
             self._prune()
-            self.run.checkpoint_saved(path, step)
+            self.run.checkpoint_saved(path, step, time.monotonic() - began)
         if _distributed():
             dist.barrier()
         return path

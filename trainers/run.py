@@ -321,10 +321,16 @@ class Run:
 
     # ------------------------------------------------------------------ reports
 
-    def checkpoint_saved(self, path: str | os.PathLike[str], step: int) -> None:
-        """Tell gpud a checkpoint exists (rank 0); resume uses the latest one reported."""
+    def checkpoint_saved(
+        self, path: str | os.PathLike[str], step: int, seconds: float | None = None
+    ) -> None:
+        """Tell gpud a checkpoint exists (rank 0); resume uses the latest one reported.
+        `seconds`: what the save took (gpud counts it as checkpointing, not training)."""
         if self.rank == 0:
-            self._send("checkpoint", {"path": str(path), "step": step})
+            body: dict[str, object] = {"path": str(path), "step": step}
+            if seconds is not None:
+                body["seconds"] = round(max(seconds, 0.0), 6)
+            self._send("checkpoint", body)
 
     def stopped(self, checkpoint: str | os.PathLike[str] | None, step: int) -> None:
         """After a stop: the checkpoint written for it and the last completed step."""

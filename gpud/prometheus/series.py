@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from gpud.efficiency.goodput import Goodput
 from gpud.efficiency.model import RunFlops
 from gpud.notify.targets import DELIVERY_RESULTS
 from gpud.protocol import RunSummary
@@ -231,6 +232,7 @@ class RunOnNode:
     #: gradient_accumulation), and tokens per sample (training.seq_len).
     samples_per_rank_step: int | None = None
     tokens_per_sample: int | None = None
+    goodput: Goodput | None = None  # node 0's account of its wall time
 
     def throughput(self) -> tuple[float | None, float | None]:
         """(samples/s, tokens/s): what the trainer logs under a throughput name, else the
@@ -388,6 +390,18 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
         " run's precision; absent where n/a (CPU run, simulated GPU, GPU not in the table).",
         ("run",),
     )
+    goodput = _gauge(
+        "gpud_run_goodput_ratio",
+        "Goodput, 0 to 1: training time (less steps done again after a restart) over the"
+        " run's wall time so far (node 0 only).",
+        ("run",),
+    )
+    seconds = CounterMetricFamily(
+        "gpud_run_seconds",
+        "The run's wall time by bucket: queued, starting, training, checkpointing, stalled,"
+        " stopping, restarting, lost (node 0 only; they add up to the wall time).",
+        labels=["run", "bucket"],
+    )
     straggler = _gauge("gpud_run_straggler", "1 while the rank is a straggler, else 0.",
                        ("run", "rank"))  # fmt: skip
     stalled = _gauge("gpud_run_stalled", "1 while the rank holds the others up (or all are "
@@ -442,6 +456,10 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
             flops.add_metric([rid], found.flops_per_second)
         if found is not None and found.mfu is not None:
             mfu.add_metric([rid], found.mfu)
+        if run.goodput is not None and run.goodput.ratio is not None:
+            goodput.add_metric([rid], run.goodput.ratio)
+            for bucket, spent in run.goodput.seconds.items():
+                seconds.add_metric([rid, bucket], spent)
         health = run.health
         if health is None:
             continue
@@ -466,7 +484,7 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
             if rank.collective_s is not None:
                 collective.add_metric(labels, rank.collective_s)
     for family in (state, attempt, restarts, steps, total, values, samples, tokens, flops, mfu,
-                   verdict,
+                   goodput, seconds, verdict,
                    from_output, straggler, stalled, busbw, warnings, age, step_time,
                    collective, world, nodes, planned):  # fmt: skip
         if family.samples:

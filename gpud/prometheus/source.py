@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 def runs_on_node(supervisor: Supervisor) -> list[RunOnNode]:
     """Every run this node knows; node 0's with their health, each with its ranks' GPUs."""
     book, telemetry = supervisor.book, supervisor.telemetry
+    now = book.clock()
     found = []
     for run in book.runs():
         part = book.current_part(run)
@@ -52,6 +53,7 @@ def runs_on_node(supervisor: Supervisor) -> list[RunOnNode]:
                 gpus=tuple(leased),
                 samples_per_rank_step=samples_per_rank_step(training),
                 tokens_per_sample=training.get("seq_len"),
+                goodput=supervisor.goodput.of(run, now) if run.is_coordinator else None,
             )
         )
     return found

@@ -69,3 +69,8 @@ class CoordinatorWatch:
     def forget(self, run_id: str) -> None:
         self._asked.pop(run_id, None)
         self._in_flight.discard(run_id)
+
+    def keep(self, run_ids: set[str]) -> None:
+        """Forget every run but these (the runs the tick still looks at)."""
+        for run_id in [r for r in self._asked if r not in run_ids]:
+            self.forget(run_id)

@@ -305,7 +305,9 @@ class Gang:
 
     async def tick(self, now: float) -> None:
         woke = self._watch.tick(now)
-        for run in self.book.runs():
+        runs = self.book.ticked()
+        self._watch.keep({run.id for run in runs if not run.is_coordinator})
+        for run in runs:
             if not run.is_coordinator:
                 self._watch_coordinator(run, now, woke)
                 continue

@@ -29,15 +29,19 @@ from gpud.protocol import (
 from gpud.runmodel import TRAINING, AttemptRecord, HealthSummary, RunRecord, RunState
 from gpud.runs.book import RunBook, check_coordinator
 from gpud.runs.gang import Gang
+from gpud.runs.goodput import GoodputKeeper
 from gpud.runs.logread import read_chunk
 from gpud.runs.telemetry import Telemetry
 
 
 class Queries:
-    def __init__(self, book: RunBook, gang: Gang, telemetry: Telemetry) -> None:
+    def __init__(
+        self, book: RunBook, gang: Gang, telemetry: Telemetry, goodput: GoodputKeeper
+    ) -> None:
         self.book = book
         self.gang = gang
         self.telemetry = telemetry
+        self.goodput = goodput
 
     def status(self, req: RunRef) -> RunStatus:
         run = self.book.find(req.run)
@@ -47,6 +51,7 @@ class Queries:
             parts=self.gang.part_views(run),
             events=self.book.store.run_events(run.id, limit=100),
             flops=self._flops(run),
+            goodput=self.goodput.of(run, self.book.clock()),
         )
 
     def _flops(self, run: RunRecord) -> RunFlops | None:
@@ -68,7 +73,7 @@ class Queries:
     def on_this_node(self, now: float) -> list[tuple[RunSummary, HealthSummary | None]]:
         """The runs a node brief names: active here, or ended within `ENDED_KEPT_S`; with
         node 0's latest health."""
-        live = [r for r in self.book.runs() if not r.state.terminal]
+        live = [r for r in self.book.ticked() if not r.state.terminal]
         ended = [
             r for r in self.book.runs() if r.state.terminal and now - r.state_since <= ENDED_KEPT_S
         ]

@@ -72,6 +72,7 @@ from gpud.runs.aftermath import blame_hardware, check_nothing_left
 from gpud.runs.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.book import Publish, RunBook, check_coordinator, check_member
 from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint, unset_dir_warning
+from gpud.runs.goodput import GoodputKeeper
 from gpud.runs.gpus import Gpu
 from gpud.runs.leases import GpuLeases
 from gpud.runs.logparse import classify, split_rank
@@ -156,7 +157,8 @@ class Supervisor:
         # A thread finishing an ended run's last lines still delivers them.
         self.book.on_ended.append(self._forget_patterns)
         self.gang = gang.Gang(self.book, self, keys, self.telemetry.set_peer_health)
-        self.queries = Queries(self.book, self.gang, self.telemetry)
+        self.goodput = GoodputKeeper(self.book, self.telemetry.health)
+        self.queries = Queries(self.book, self.gang, self.telemetry, self.goodput)
         self.attached_runs = AttachedRuns(
             self.book, peer_keys, node=node, server_key=keys.public_text if keys else None,
             config=attach or AttachConfig(control="", ingest=""),
@@ -893,6 +895,8 @@ class Supervisor:
             return  # a late message from an earlier attempt, or a stranger
         if isinstance(message, HeartbeatMessage):
             self.telemetry.heartbeat(run, message)
+            if message.step is not None:  # progress between the logged steps (goodput)
+                self.goodput.stepped(run, message.attempt, message.step, self.clock())
         elif isinstance(message, ProbeMessage):
             self.telemetry.probe(run, message)
         elif kind == "hello":
@@ -913,6 +917,9 @@ class Supervisor:
             if path:
                 ref = CheckpointRef(path=path, step=step, time=message.time)
                 self.book.update(run.id, last_checkpoint=ref)
+            took = getattr(message, "seconds", None)
+            if took:  # what the save took was training time no more
+                self.goodput.checkpointed(run, message.attempt, took)
             if kind == "stopped":
                 self.book.event(run, "checkpoint", f"stopped at step {step}; checkpoint {path}")
         elif kind == "finished":
@@ -925,6 +932,7 @@ class Supervisor:
         newest = max(points, key=lambda p: p.step)
         self.book.note_step(run.id, newest.step)
         self.telemetry.stepped(run, newest.attempt, newest.step)
+        self.goodput.stepped(run, newest.attempt, newest.step, self.clock())
         self.book.publish(run_topic(run.id, "metrics"), gang.metrics_event(run.id, points))
 
     # ================================================================== the tick
@@ -978,17 +986,20 @@ class Supervisor:
             self.leases.expire(self._live_parts(), now)
         self.attached_runs.tick(now)
         self.telemetry.tick(now)
+        self.goodput.tick(now)
         self._find_hangs(now)
         await self.gang.tick(now)
 
     def _find_hangs(self, now: float) -> None:
         """A run health has called stalled for its `restart.hang_timeout_s` is a hang."""
-        for run_id, health in self.telemetry.health.items():
-            stall = health.stall
-            if stall is None or self._hangs.get(run_id) == health.attempt:
+        for run in self.book.ticked():
+            health = self.telemetry.health.get(run.id)
+            if health is None or health.stall is None:
                 continue
-            run = self.book.get(run_id)
-            if run is None or run.state is not RunState.RUNNING or run.attempt != health.attempt:
+            run_id, stall = run.id, health.stall
+            if self._hangs.get(run_id) == health.attempt:
+                continue
+            if run.state is not RunState.RUNNING or run.attempt != health.attempt:
                 continue
             if run.attached is not None:
                 continue  # gpud never stops what it did not start: the health says stalled
@@ -1073,6 +1084,7 @@ class Supervisor:
         """Let go of an ended run retention removed: unknown here from now on."""
         self.book.forget(run_id)
         self.telemetry.forget(run_id)
+        self.goodput.forget(run_id)
         self.gang.forget(run_id)
         self._patterns.pop(run_id, None)
         self._hangs.pop(run_id, None)

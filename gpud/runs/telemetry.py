@@ -275,6 +275,7 @@ class Telemetry:
             lost = self.book.part(run_id)
             if lost is not None:
                 lost.metrics_done = False
+                self.book.part_busy_again()
         for run, part in self.book.busy_parts():
             run_id = run.id
             state = self._of(run_id, part.record.attempt)

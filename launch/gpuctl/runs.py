@@ -220,6 +220,8 @@ def status_command(ctl: Ctl, run: str) -> None:
             f"flops     {status.flops.flops_line}",
             f"mfu       {status.flops.mfu_line}",
         ]
+    if status.goodput is not None:
+        lines.append(f"goodput   {status.goodput.line()}")
     if r.last_checkpoint:
         lines.append(f"checkpoint {r.last_checkpoint.path} (step {r.last_checkpoint.step})")
     if r.cause is not None:

@@ -323,7 +323,7 @@ def fetch(model: FleetModel, client: Client, want: Want, key: str = "") -> None:
             # Each attempt's world size, for the curve's resume marks (elastic runs).
             status = client.call(RUN_STATUS, RunRef(run=want.run_id))
             if isinstance(status, RunStatus):
-                model.apply_attempts(want.run_id, status.attempts)
+                model.apply_attempts(want.run_id, status.attempts, status.goodput)
         elif want.kind == "logs":
             chunk = client.run_logs(
                 LogsRequest(run=want.run_id, attempt=want.attempt, tail_lines=TAIL_LINES)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpud.brief import NodeBrief
+from gpud.efficiency.goodput import Goodput
 from gpud.endpoints import canonical_endpoint
 from gpud.protocol import (
     Event,
@@ -228,10 +229,14 @@ class FleetModel:
             self._run(run_id).add_history(reply)
             self._changed()
 
-    def apply_attempts(self, run_id: str, attempts: list[AttemptRecord]) -> None:
-        """Node 0's attempts: what each started on (its world size)."""
+    def apply_attempts(
+        self, run_id: str, attempts: list[AttemptRecord], goodput: Goodput | None = None
+    ) -> None:
+        """Node 0's attempts: what each started on (its world size); and its goodput."""
         with self.lock:
             run = self._run(run_id)
+            if goodput is not None:
+                run.fetched_goodput = goodput
             for a in attempts:
                 if a.world_size is not None:
                     run.worlds[a.attempt] = a.world_size

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpud.brief import RunBrief
+from gpud.efficiency.goodput import Goodput
 from gpud.efficiency.model import RunFlops
 from gpud.protocol import MetricsReply, RunSummary
 from gpud.runmodel import (
@@ -87,6 +88,8 @@ class RunView:
         #: their recent values for the sparkline
         self.last_flops: tuple[float | None, float | None] = (None, None)
         self.flops_history: deque[tuple[float, float | None]] = deque(maxlen=RATE_WINDOW)
+        #: node 0's goodput as `run.status` gave it when the run was opened
+        self.fetched_goodput: Goodput | None = None
 
     # ------------------------------------------------------------ the gang's record
 
@@ -175,6 +178,15 @@ class RunView:
         if full is not None:
             return full.flops_per_second, full.mfu
         return self.last_flops
+
+    def goodput(self) -> Goodput | None:
+        """Node 0's account of the run's wall time: the newer of its record's and the one
+        fetched with its status."""
+        stored = self.parts[0].goodput if 0 in self.parts else None
+        fetched = self.fetched_goodput
+        if stored is None or (fetched is not None and fetched.until >= stored.until):
+            return fetched
+        return stored
 
     def mfu_history(self) -> list[float]:
         """Recent MFU, oldest first; the FLOP rate where MFU is n/a (a simulated GPU)."""

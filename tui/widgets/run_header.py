@@ -78,6 +78,11 @@ def header_text(run: RunView, metric: str, efficiency: LiveEfficiency | None = N
     if flops_line is not None:
         text.append("\n")
         text.append_text(flops_line)
+    goodput = run.goodput()
+    if goodput is not None and goodput.ratio is not None:
+        text.append("\n")
+        text.append("goodput ", style="cyan")
+        text.append(goodput.line(), style="bold" if goodput.ratio >= 0.5 else "bold yellow")
     if efficiency is not None:
         text.append("\n")
         text.append_text(

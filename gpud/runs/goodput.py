@@ -1,0 +1,95 @@
+"""Node 0's goodput accounting of its runs (issue 23 §2), fed by the supervisor.
+
+One `GoodputClock` per run this node coordinates: each tick adds the time since the last
+to the bucket of the run's state (`gpud.efficiency.goodput`); rank 0's steps, the saves
+the trainer reports and health's stalls move time between buckets as they are learnt.
+The record rides on the run (`RunRecord.goodput`), stored every `PERSIST_S` and at the
+run's end, so a restarted daemon carries on from it (the time it was down goes to the
+bucket the run was in) and an ended run keeps its figures.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpud.efficiency.goodput import Goodput, GoodputClock
+from gpud.runmodel import HealthSummary, RunRecord
+from gpud.runs.book import RunBook
+
+log = logging.getLogger(__name__)
+
+#: How often a live run's record is written to the store (and so survives a crash).
+PERSIST_S = 10.0
+
+
+class GoodputKeeper:
+    def __init__(self, book: RunBook, health: dict[str, HealthSummary]) -> None:
+        self.book = book
+        self.health = health  # node 0's latest health of each run (Telemetry.health)
+        self._clocks: dict[str, GoodputClock] = {}
+        self._state: dict[str, tuple[str, int]] = {}  # run → (state, attempt) at the last tick
+        self._saved: dict[str, float] = {}
+        book.on_ended.append(self.ended)
+
+    def _clock(self, run: RunRecord) -> GoodputClock:
+        clock = self._clocks.get(run.id)
+        if clock is None:
+            record = run.goodput or Goodput(until=run.created_at)
+            clock = self._clocks[run.id] = GoodputClock(record)
+        return clock
+
+    def tick(self, now: float) -> None:
+        for run in self.book.ticked():
+            if not run.is_coordinator or run.state.terminal:
+                continue
+            clock = self._clock(run)
+            clock.advance(now, run.state.value, run.attempt, run.next_restart_at is not None)
+            self._state[run.id] = (run.state.value, run.attempt)
+            health = self.health.get(run.id)
+            if health is not None and health.stall is not None and health.attempt == run.attempt:
+                clock.stall(run.attempt, health.stall.stuck_for_s)
+            if now - self._saved.get(run.id, 0.0) >= PERSIST_S:
+                self._save(run.id, clock, now)
+
+    def stepped(self, run: RunRecord, attempt: int, step: int, now: float) -> None:
+        if not run.is_coordinator or attempt != run.attempt:
+            return
+        clock = self._clock(run)
+        first = clock.first_step(attempt) is None
+        clock.stepped(attempt, step, now)
+        if first and attempt > 1:
+            part = self.book.current_part(run)
+            clock.next_attempt(attempt, part.record.resume_step if part else None)
+
+    def checkpointed(self, run: RunRecord, attempt: int, seconds: float) -> None:
+        if run.is_coordinator and attempt == run.attempt:
+            self._clock(run).checkpointed(attempt, seconds)
+
+    def ended(self, run: RunRecord) -> None:
+        if not run.is_coordinator:
+            return
+        clock = self._clock(run)
+        state, attempt = self._state.pop(run.id, (run.state.value, run.attempt))
+        clock.end(run.state_since, state, attempt)
+        self._clocks.pop(run.id, None)
+        self._saved.pop(run.id, None)
+        self.book.update(run.id, goodput=clock.record())
+
+    def forget(self, run_id: str) -> None:
+        for held in (self._clocks, self._state, self._saved):
+            held.pop(run_id, None)
+
+    def of(self, run: RunRecord, now: float) -> Goodput | None:
+        """The run's accounting now: the live clock's, else what the record kept."""
+        clock = self._clocks.get(run.id)
+        if clock is None:
+            return run.goodput
+        now_clock = GoodputClock(clock.record())
+        state, attempt = self._state.get(run.id, (run.state.value, run.attempt))
+        now_clock.advance(now, state, attempt, run.next_restart_at is not None)
+        return now_clock.record()
+
+    def _save(self, run_id: str, clock: GoodputClock, now: float) -> None:
+        self._saved[run_id] = now
+        if self.book.get(run_id) is not None:
+            self.book.update(run_id, goodput=clock.record())
