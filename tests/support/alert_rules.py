@@ -10,7 +10,7 @@ import yaml
 RULES = Path(__file__).resolve().parents[2] / "config" / "prometheus" / "gpud-alerts.yml"
 #: Read by a rule before gpud exports them: they come with the goodput and retention work
 #: (the rules file and the README say which gpud they need).
-NOT_YET_EXPORTED = {"gpud_run_goodput_ratio", "gpud_state_bytes", "gpud_state_max_bytes"}
+NOT_YET_EXPORTED = {"gpud_state_bytes", "gpud_state_max_bytes"}
 
 
 def rules() -> list[dict[str, Any]]:

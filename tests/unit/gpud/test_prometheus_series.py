@@ -4,6 +4,7 @@ the trainer logs or from the step rate and the spec's batch, and per-rank flags 
 
 from __future__ import annotations
 
+from gpud.efficiency.goodput import Goodput, GoodputClock
 from gpud.efficiency.mfu import SIMULATED
 from gpud.efficiency.model import RunFlops
 from gpud.prometheus.series import RunOnNode, run_families
@@ -106,3 +107,19 @@ def test_flops_and_mfu_from_node_0s_health() -> None:
     assert "gpud_run_mfu" not in series
     stopped = rendered(RunOnNode(summary(RunState.STOPPED), with_mfu))
     assert "gpud_run_flops_per_second" not in stopped and "gpud_run_mfu" not in stopped
+
+
+def test_goodput_and_the_seconds_by_bucket_add_up_to_the_wall_time() -> None:
+    clock = GoodputClock(Goodput(until=0.0))
+    clock.advance(10.0, "queued", 1)
+    clock.advance(20.0, "running", 1)
+    clock.stepped(1, 0, 20.0)
+    clock.advance(60.0, "running", 1)
+    clock.checkpointed(1, 4.0)
+    series = rendered(RunOnNode(summary(), goodput=clock.record()))
+    assert series["gpud_run_goodput_ratio"] == {(): 0.6}
+    seconds = series["gpud_run_seconds_total"]
+    assert seconds[("bucket=queued",)] == 10.0 and seconds[("bucket=starting",)] == 10.0
+    assert seconds[("bucket=training",)] == 36.0 and seconds[("bucket=checkpointing",)] == 4.0
+    assert sum(seconds.values()) == 60.0 and len(seconds) == 8  # every bucket, 0 or not
+    assert "gpud_run_goodput_ratio" not in rendered(RunOnNode(summary()))
