@@ -382,7 +382,7 @@ class Daemon:
         sup = self._supervisor
         if sup is None:
             return []
-        return [p.record.shim_pid for _, p in sup.book.parts() if not p.record.state.terminal]
+        return sup.book.live_shims()
 
     def _snapshot(self) -> NodeSnapshot:
         assert self._latest is not None

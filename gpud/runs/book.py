@@ -111,10 +111,21 @@ class RunBook:
         removes them; ticks that walked them all cost an idle daemon half a percent of a
         core. Recomputed when a run or part starts or ends, and every `TICKED_REFRESH_S`."""
         now = self.clock()
-        if self._ticked is None or now - self._ticked_at >= TICKED_REFRESH_S:
-            self._ticked = [i for i, run in self._runs.items() if self._ticks(run)]
-            self._ticked_at = now
-        return [self._runs[i] for i in self._ticked if i in self._runs]
+        ids = self._ticked  # read once: the sampler thread calls `live_shims` too
+        if ids is None or now - self._ticked_at >= TICKED_REFRESH_S:
+            ids = [i for i, run in list(self._runs.items()) if self._ticks(run)]
+            self._ticked, self._ticked_at = ids, now
+        runs = [self._runs.get(i) for i in ids]
+        return [run for run in runs if run is not None]
+
+    def live_shims(self) -> list[int | None]:
+        """The shim pids of this node's parts not ended (the simulated GPUs' load)."""
+        found = []
+        for run in self.ticked():
+            part = self._parts.get(run.id)
+            if part is not None and not part.record.state.terminal:
+                found.append(part.record.shim_pid)
+        return found
 
     def _ticks(self, run: RunRecord) -> bool:
         if not run.state.terminal:
@@ -284,11 +295,12 @@ class RunBook:
         the walk to skip them cost 0.1 %). A part only becomes busy when it is added or
         `part_busy_again`; one done is dropped within `TICKED_REFRESH_S`."""
         now = self.clock()
-        if self._busy is None or now - self._busy_at >= TICKED_REFRESH_S:
-            self._busy = [i for i, p in self._parts.items() if not (p.log_done and p.metrics_done)]
-            self._busy_at = now
+        ids = self._busy
+        if ids is None or now - self._busy_at >= TICKED_REFRESH_S:
+            ids = [i for i, p in list(self._parts.items()) if not (p.log_done and p.metrics_done)]
+            self._busy, self._busy_at = ids, now
         found = []
-        for i in self._busy:
+        for i in ids:
             part, run = self._parts.get(i), self._runs.get(i)
             if part is not None and run is not None:
                 found.append((run, part))
