@@ -31,6 +31,7 @@ from gpud import __version__
 from gpud.efficiency.goodput import Goodput
 from gpud.efficiency.model import RunFlops
 from gpud.notify.targets import Format, Webhook, redact
+from gpud.retention.usage import RunUsage
 from gpud.runmodel import (
     Attachment,
     AttemptRecord,
@@ -277,6 +278,22 @@ class GcRequest(Message):
     """Apply retention now (`gpuctl gc`); with `dry_run`, only say what it would remove."""
 
     dry_run: bool = False
+
+
+class UsageRequest(Message):
+    """Every run's use of this node since `since` (unix time): `gpuctl usage`."""
+
+    since: float = Field(0.0, ge=0, description="runs that ended before this are left out")
+
+
+class UsageReply(Reading):
+    node: str
+    now: float = Field(description="the daemon's clock when it answered")
+    runs: list[RunUsage] = Field(
+        default_factory=list,
+        description="runs with a part here, live or ended since `since`, and the rows"
+        " retention left of removed ones",
+    )
 
 
 class GcRun(Reading):
@@ -787,6 +804,9 @@ NOTIFY_TEST = Method(
 NODE_GC = Method(
     "node.gc", GcRequest, GcReply, Role.OPERATOR, "apply retention now (or say what it would)"
 )
+NODE_USAGE = Method(
+    "node.usage", UsageRequest, UsageReply, Role.VIEWER, "GPU-seconds of each run here"
+)
 RUN_LAUNCH = Method("run.launch", LaunchRequest, LaunchReply, Role.OPERATOR, "create, start a run")
 RUN_JOIN = Method("run.join", JoinRequest, JoinReply, Role.OPERATOR, "start this node's part")
 RUN_STOP = Method("run.stop", StopRequest, RunSummary, Role.OPERATOR, "stop a run")
@@ -831,6 +851,7 @@ METHODS: dict[str, Method[Any, Any]] = {
         NODE_UNDRAIN,
         NOTIFY_TEST,
         NODE_GC,
+        NODE_USAGE,
         RUN_LAUNCH,
         RUN_JOIN,
         RUN_STOP,

@@ -454,6 +454,13 @@ class Store:
             merged = [run for run in merged if run.state in ACTIVE]
         return sorted(merged, key=lambda run: run.created_at, reverse=True)[:limit]
 
+    def usage_rows(self, since: float) -> list[str]:
+        """The `run_usage` rows (JSON) of removed runs that ended at or after `since`."""
+        rows = self._db.execute(
+            "SELECT body FROM run_usage WHERE ended_at IS NULL OR ended_at >= ?", (since,)
+        ).fetchall()
+        return [body for (body,) in rows]
+
     def count_runs(self, active_only: bool = False) -> int:
         """Run records on disk (`gpud_state_runs`), or only those not ended."""
         if active_only:

@@ -50,6 +50,14 @@ class AttemptGoodput(Reading):
     last_step: int | None = Field(None, description="the last step it finished")
     first_step_at: float | None = Field(None, description="when it finished its first step")
     resume_step: int | None = Field(None, description="the checkpoint step it resumed from")
+    running_unstepped_s: float = Field(
+        0.0, description="seconds it was running before its first step (or with none)"
+    )
+    unstepped: bool = Field(
+        False,
+        description="it ended with no step seen (a script without the trainers library or"
+        " metrics patterns): its running time was counted as training",
+    )
 
     @property
     def wall_s(self) -> float:
@@ -100,7 +108,10 @@ class Goodput(Reading):
             _GLYPH[b] * round(s / wall * width) for b, s in shown if round(s / wall * width)
         )
         parts = " · ".join(f"{b.value} {duration(s)}" for b, s in shown)
-        return f"{ratio * 100:.0f}% [{bar[:width]:<{width}}] {parts} (wall {duration(wall)})"
+        line = f"{ratio * 100:.0f}% [{bar[:width]:<{width}}] {parts} (wall {duration(wall)})"
+        if any(a.unstepped for a in self.attempts):
+            line += "; no steps seen: running counted as training"
+        return line
 
 
 _GLYPH = {
@@ -158,6 +169,8 @@ class _Attempt:
     last_step: int | None = None
     first_step_at: float | None = None
     resume_step: int | None = None
+    running_unstepped_s: float = 0.0
+    unstepped: bool = False
 
 
 class GoodputClock:
@@ -182,6 +195,9 @@ class GoodputClock:
         for a in reversed(self._attempts):
             if a.attempt == attempt:
                 return a
+        for a in self._attempts:  # the attempts before it are over
+            if not a.unstepped:
+                self._close(a)
         found = _Attempt(attempt=attempt)
         self._attempts.append(found)
         return found
@@ -198,6 +214,8 @@ class GoodputClock:
             return
         a = self._attempt(attempt)
         stepped = a.first_step is not None
+        if state == "running" and not stepped:
+            a.running_unstepped_s += elapsed
         bucket = bucket_of(state, attempt, stepped, self.stalled, restart_due)
         if bucket is not None:
             a.seconds[bucket.value] = a.seconds.get(bucket.value, 0.0) + elapsed
@@ -206,8 +224,18 @@ class GoodputClock:
     def end(self, at: float, state: str, attempt: int) -> None:
         """The run ended at `at`, having been in `state` until then."""
         self.advance(at, state, attempt)
+        self._close(self._attempt(attempt))
         self.ended = True
         self.stalled = False
+
+    def _close(self, a: _Attempt) -> None:
+        """An attempt that ran and never reported a step: nothing tells its start-up from
+        its training, so its running time is counted as training (and it says so)."""
+        if a.first_step is not None or a.running_unstepped_s <= 0:
+            return
+        a.unstepped = True
+        first = Bucket.STARTING if a.attempt <= 1 else Bucket.RESTARTING
+        _move(a, first, Bucket.TRAINING, a.running_unstepped_s)
 
     def stepped(self, attempt: int, step: int, now: float) -> None:
         a = self._attempt(attempt)

@@ -134,11 +134,12 @@ class Batches:
 
 def begin_removal(db: sqlite3.Connection, usage: RunUsage, files: dict[str, object]) -> None:
     """One transaction: the run's usage row, the journal entry, and its record gone."""
+    kept = usage.model_copy(update={"removed": True})
     with db:
         db.execute("BEGIN IMMEDIATE")
         db.execute(
             "INSERT OR REPLACE INTO run_usage (run_id, ended_at, body) VALUES (?, ?, ?)",
-            (usage.run_id, usage.ended_at, usage.model_dump_json()),
+            (usage.run_id, usage.ended_at, kept.model_dump_json()),
         )
         db.execute(
             "INSERT OR REPLACE INTO pruning (run_id, body) VALUES (?, ?)",

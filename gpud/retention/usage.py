@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from gpud.runmodel import AttemptRecord, RunEvent, RunRecord
+from gpud.snapshot import Reading
 
 _LAUNCHED_BY = re.compile(r"^(?:launched|joined[^b]*) by (\S+)")
 
 
-class RunUsage(BaseModel):
+class RunUsage(Reading):
     """One run's use of this node, kept after the run is removed."""
 
     run_id: str
@@ -32,6 +33,10 @@ class RunUsage(BaseModel):
     created_at: float
     started_at: float | None
     ended_at: float | None
+    goodput: float | None = Field(
+        None, description="node 0's goodput of the run, 0 to 1 (None: not node 0, or unknown)"
+    )
+    removed: bool = Field(False, description="its records are gone: this row is what is left")
 
 
 def launched_by(events: list[RunEvent]) -> str | None:
@@ -47,12 +52,20 @@ def launched_by(events: list[RunEvent]) -> str | None:
     return None
 
 
-def usage_of(run: RunRecord, attempts: list[AttemptRecord], events: list[RunEvent]) -> RunUsage:
+def usage_of(
+    run: RunRecord,
+    attempts: list[AttemptRecord],
+    events: list[RunEvent],
+    now: float | None = None,
+) -> RunUsage:
+    """The run's use of this node; an attempt still running counts up to `now`."""
     gpu_seconds = wall = 0.0
     for a in attempts:
         if a.started_at is None:
             continue
         end = a.ended_at if a.ended_at is not None else a.state_since
+        if now is not None and a.ended_at is None and not a.state.terminal:
+            end = now
         took = max(0.0, end - a.started_at)
         wall += took
         gpu_seconds += took * len(a.gpus)
@@ -71,5 +84,6 @@ def usage_of(run: RunRecord, attempts: list[AttemptRecord], events: list[RunEven
         wall_s=round(wall, 3),
         created_at=run.created_at,
         started_at=min(started) if started else None,
-        ended_at=max(ended) if ended else run.state_since,
+        ended_at=max(ended) if ended else (run.state_since if run.state.terminal else None),
+        goodput=run.goodput.ratio if run.goodput is not None else None,
     )

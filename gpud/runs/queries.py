@@ -24,14 +24,21 @@ from gpud.protocol import (
     RunRef,
     RunStatus,
     RunSummary,
+    UsageReply,
+    UsageRequest,
     metrics_reply,
 )
-from gpud.runmodel import TRAINING, AttemptRecord, HealthSummary, RunRecord, RunState
+from gpud.retention.rows import first_launch_event
+from gpud.retention.usage import RunUsage, usage_of
+from gpud.runmodel import TRAINING, AttemptRecord, HealthSummary, RunEvent, RunRecord, RunState
 from gpud.runs.book import RunBook, check_coordinator
 from gpud.runs.gang import Gang
 from gpud.runs.goodput import GoodputKeeper
 from gpud.runs.logread import read_chunk
 from gpud.runs.telemetry import Telemetry
+
+#: The newest run records `node.usage` reads (retention keeps fewer by default).
+USAGE_RUNS_MAX = 100_000
 
 
 class Queries:
@@ -60,6 +67,23 @@ class Queries:
             return None
         health = self.telemetry.health.get(run.id)
         return health.flops if health else None
+
+    def usage(self, req: UsageRequest) -> UsageReply:
+        """Each run's use of this node since `req.since`: the live and stored runs', read
+        now (node 0's goodput as of now), and the rows retention left of removed ones."""
+        store, now = self.book.store, self.book.clock()
+        found = [RunUsage.model_validate_json(body) for body in store.usage_rows(req.since)]
+        removed = {row.run_id for row in found}
+        for stored in store.runs(limit=USAGE_RUNS_MAX):
+            if stored.id in removed or (stored.state.terminal and stored.state_since < req.since):
+                continue
+            run = self.book.get(stored.id) or stored
+            if run.is_coordinator:
+                run = run.model_copy(update={"goodput": self.goodput.of(run, now)})
+            body = first_launch_event(store.db, run.id)
+            events = [RunEvent.model_validate_json(body)] if body else []
+            found.append(usage_of(run, store.attempts(run.id), events, now))
+        return UsageReply(node=self.book.node, now=now, runs=found)
 
     def list_runs(self, req: ListRequest) -> RunList:
         store = self.book.store

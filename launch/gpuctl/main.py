@@ -33,6 +33,7 @@ VERBS = {
     "undrain": "launch.gpuctl.drain:undrain_command",
     "notify": "launch.gpuctl.notify:notify_group",
     "gc": "launch.gpuctl.gc:gc_command",
+    "usage": "launch.gpuctl.usage:usage_command",
     "keys": "launch.gpuctl.keys:keys_group",
     "completion": "launch.gpuctl.completion:completion_command",
 }

@@ -114,3 +114,21 @@ def test_a_restart_from_scratch_loses_every_step_of_the_attempt_before() -> None
     g = c.record()
     assert g.seconds["lost"] == pytest.approx(10.0) and g.seconds["training"] == 0.0
     assert Goodput(until=0.0).ratio is None and "n/a" in Goodput(until=0.0).line()
+
+
+def test_a_script_that_never_reports_a_step_counts_its_running_time_as_training() -> None:
+    c = GoodputClock(Goodput(until=0.0))
+    c.advance(2.0, "starting", 1)
+    c.advance(12.0, "running", 1)  # running from 2
+    c.advance(13.0, "pending", 1, restart_due=True)
+    c.advance(14.0, "starting", 2)  # attempt 2: attempt 1 is over
+    c.advance(20.0, "running", 2)
+    c.end(20.0, "running", 2)
+    g = c.record()
+    first, second = g.attempts
+    assert first.unstepped and second.unstepped
+    assert first.seconds["training"] == pytest.approx(10.0)
+    assert first.seconds["starting"] == pytest.approx(2.0)
+    assert second.seconds["training"] == pytest.approx(6.0)  # running from 14
+    assert g.wall_s == pytest.approx(20.0)
+    assert g.line().endswith("; no steps seen: running counted as training")
