@@ -67,10 +67,10 @@ class Share:
         return {
             by: self.key,
             "runs": len(self.runs),
-            "gpu_hours": round(self.gpu_s / 3600, 4),
-            "useful_gpu_hours": round(self.useful_s / 3600, 4),
+            "gpu_hours": round(self.gpu_s / 3600, 6),
+            "useful_gpu_hours": round(self.useful_s / 3600, 6),
             "goodput": None if self.goodput is None else round(self.goodput, 4),
-            "gpu_hours_goodput_unknown": round(self.unknown_s / 3600, 4),
+            "gpu_hours_goodput_unknown": round(self.unknown_s / 3600, 6),
         }
 
 
