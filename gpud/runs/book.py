@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +92,7 @@ class RunBook:
         self._ticked: list[str] | None = None  # `ticked`'s run ids; None: to be recomputed
         self._ticked_at = 0.0
         self._busy: list[str] | None = None  # `busy_parts`' run ids, the same way
+        self._ended: deque[tuple[float, str]] = deque()  # (when, run id), as runs end
         self._busy_at = 0.0
         #: Called after a run's state became terminal (the final health, for one).
         self.on_ended: list[Callable[[RunRecord], None]] = []
@@ -117,6 +119,18 @@ class RunBook:
             self._ticked, self._ticked_at = ids, now
         runs = [self._runs.get(i) for i in ids]
         return [run for run in runs if run is not None]
+
+    def ended_since(self, since: float) -> list[RunRecord]:
+        """The runs held that ended at or after `since`, newest first (the node brief's:
+        it must not walk the thousand finished runs a daemon holds, once a second)."""
+        while self._ended and self._ended[0][0] < since:
+            self._ended.popleft()
+        found: dict[str, RunRecord] = {}
+        for _, run_id in reversed(self._ended):
+            run = self._runs.get(run_id)
+            if run is not None and run.state.terminal and run.state_since >= since:
+                found.setdefault(run_id, run)
+        return list(found.values())
 
     def live_shims(self) -> list[int | None]:
         """The shim pids of this node's parts not ended (the simulated GPUs' load)."""
@@ -229,6 +243,7 @@ class RunBook:
             f" — {reason}" if reason else "",
         )
         if state.terminal:
+            self._ended.append((run.state_since, run.id))
             if run.is_coordinator:
                 self.store.release_ports(run.id)
             self._call(self.on_ended, run)

@@ -98,10 +98,7 @@ class Queries:
         """The runs a node brief names: active here, or ended within `ENDED_KEPT_S`; with
         node 0's latest health."""
         live = [r for r in self.book.ticked() if not r.state.terminal]
-        ended = [
-            r for r in self.book.runs() if r.state.terminal and now - r.state_since <= ENDED_KEPT_S
-        ]
-        ended = sorted(ended, key=lambda r: r.state_since, reverse=True)[:ENDED_KEPT_MAX]
+        ended = self.book.ended_since(now - ENDED_KEPT_S)[:ENDED_KEPT_MAX]
         found = []
         for run in live + ended:
             health = self.telemetry.health.get(run.id) if run.is_coordinator else None
