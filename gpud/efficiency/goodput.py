@@ -228,6 +228,12 @@ class GoodputClock:
         self.ended = True
         self.stalled = False
 
+    def reopen(self, at: float) -> None:
+        """An ended run was resumed at `at`: its time counts again from there (the time
+        it lay ended is no one's)."""
+        if self.ended:
+            self.ended, self.until = False, max(self.until, at)
+
     def _close(self, a: _Attempt) -> None:
         """An attempt that ran and never reported a step: nothing tells its start-up from
         its training, so its running time is counted as training (and it says so)."""

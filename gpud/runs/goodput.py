@@ -10,13 +10,9 @@ bucket the run was in) and an ended run keeps its figures.
 
 from __future__ import annotations
 
-import logging
-
 from gpud.efficiency.goodput import Goodput, GoodputClock
 from gpud.runmodel import HealthSummary, RunRecord
 from gpud.runs.book import RunBook
-
-log = logging.getLogger(__name__)
 
 #: How often a live run's record is written to the store (and so survives a crash).
 PERSIST_S = 10.0
@@ -36,6 +32,8 @@ class GoodputKeeper:
         if clock is None:
             record = run.goodput or Goodput(until=run.created_at)
             clock = self._clocks[run.id] = GoodputClock(record)
+        if not run.state.terminal:
+            clock.reopen(run.state_since)  # resumed after it ended
         return clock
 
     def tick(self, now: float) -> None:

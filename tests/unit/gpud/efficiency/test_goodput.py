@@ -132,3 +132,17 @@ def test_a_script_that_never_reports_a_step_counts_its_running_time_as_training(
     assert second.seconds["training"] == pytest.approx(6.0)  # running from 14
     assert g.wall_s == pytest.approx(20.0)
     assert g.line().endswith("; no steps seen: running counted as training")
+
+
+def test_a_resumed_run_counts_again_from_its_resume() -> None:
+    c = GoodputClock(Goodput(until=0.0))
+    c.advance(10.0, "running", 1)
+    c.stepped(1, 0, 10.0)
+    c.end(10.0, "running", 1)
+    again = GoodputClock(c.record())
+    again.advance(50.0, "starting", 2)  # still ended: nothing
+    again.reopen(100.0)
+    again.advance(104.0, "starting", 2)
+    g = again.record()
+    assert not g.ended and g.wall_s == pytest.approx(14.0)
+    assert g.attempts[-1].seconds["restarting"] == pytest.approx(4.0)
