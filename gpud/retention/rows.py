@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpud.retention.usage import RunUsage
+from gpud.retention.usage import RunUsage, usage_of
+from gpud.runmodel import RunEvent, RunRecord
+from gpud.store import Store
 
 #: How long one batch should hold the loop.
 TARGET_S = 0.010
@@ -207,6 +209,14 @@ def mark_thinned(db: sqlite3.Connection, run_id: str, attempt: int, now: float) 
         "INSERT OR REPLACE INTO metrics_thinned (run_id, attempt, at) VALUES (?, ?, ?)",
         (run_id, attempt, now),
     )
+
+
+def stored_usage(store: Store, run: RunRecord, now: float | None = None) -> RunUsage:
+    """The run's `RunUsage` from its stored attempts and the key of its first launch or
+    join event."""
+    body = first_launch_event(store.db, run.id)
+    events = [RunEvent.model_validate_json(body)] if body else []
+    return usage_of(run, store.attempts(run.id), events, now)
 
 
 def first_launch_event(db: sqlite3.Connection, run_id: str) -> str | None:

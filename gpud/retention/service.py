@@ -28,8 +28,7 @@ from gpud.auth import Caller
 from gpud.protocol import GcReply, GcRequest, GcRun
 from gpud.retention import compact, files, reduce, rows
 from gpud.retention.policy import FinishedRun, RetentionSettings, choose, show_bytes
-from gpud.retention.usage import usage_of
-from gpud.runmodel import TERMINAL, RunEvent
+from gpud.runmodel import TERMINAL
 from gpud.statedir import StateDir
 from gpud.store import Store
 
@@ -347,10 +346,7 @@ class Retention:
             record = self._store.run(row.id)
             if held is not None or record is None or not record.state.terminal:
                 return None  # it came back to life (a resume) since the pass read it
-            attempts = self._store.attempts(row.id)
-            body = rows.first_launch_event(db, row.id)
-            events = [RunEvent.model_validate_json(body)] if body else []
-            usage = usage_of(record, attempts, events)
+            usage = rows.stored_usage(self._store, record)
             keep = files.keep_paths(record.checkpoint_dir, record.last_checkpoint.path
                                     if record.last_checkpoint else None)  # fmt: skip
             journal: dict[str, object] = {"run_dir": record.run_dir, "keep": keep}

@@ -28,9 +28,9 @@ from gpud.protocol import (
     UsageRequest,
     metrics_reply,
 )
-from gpud.retention.rows import first_launch_event
-from gpud.retention.usage import RunUsage, usage_of
-from gpud.runmodel import TRAINING, AttemptRecord, HealthSummary, RunEvent, RunRecord, RunState
+from gpud.retention.rows import stored_usage
+from gpud.retention.usage import RunUsage
+from gpud.runmodel import TRAINING, AttemptRecord, HealthSummary, RunRecord, RunState
 from gpud.runs.book import RunBook, check_coordinator
 from gpud.runs.gang import Gang
 from gpud.runs.goodput import GoodputKeeper
@@ -80,9 +80,7 @@ class Queries:
             run = self.book.get(stored.id) or stored
             if run.is_coordinator:
                 run = run.model_copy(update={"goodput": self.goodput.of(run, now)})
-            body = first_launch_event(store.db, run.id)
-            events = [RunEvent.model_validate_json(body)] if body else []
-            found.append(usage_of(run, store.attempts(run.id), events, now))
+            found.append(stored_usage(store, run, now))
         return UsageReply(node=self.book.node, now=now, runs=found)
 
     def list_runs(self, req: ListRequest) -> RunList:
