@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemons import RunningDaemon, gpuctl
-from tests.support.runs import ROOT, launch, nothing_left, status, wait_for, wait_for_step
+from tests.support.runs import ROOT, health, launch, nothing_left, status, wait_for, wait_for_step
 
 pytestmark = pytest.mark.slow
 EXAMPLES = ROOT / "config" / "examples"
@@ -25,8 +25,19 @@ def loss_steps(daemon: RunningDaemon, run_id: str) -> dict[int, list[int]]:
     return out
 
 
-@pytest.mark.parametrize("example", ["cpu-deepspeed-zero2.yaml", "cpu-accelerate.yaml"])
-def test_engine_examples_run_under_gpud(daemon: RunningDaemon, example: str) -> None:
+def step_flops(samples: int) -> int:
+    """FLOPs of a step of `samples` through SMALL's Linear 64→64, 2 × 64→64, 64→8: forward
+    2·MACs, backward 2·MACs for the weights' gradients and 2·MACs for the inputs' (none for
+    the first layer's input)."""
+    macs = 64 * 64 + 2 * 64 * 64 + 64 * 8
+    return samples * (2 * macs + 2 * macs + 2 * (macs - 64 * 64))
+
+
+# Samples per step: batch 16 × accumulation 2 (DeepSpeed's), 16 × 1 (Accelerate's).
+@pytest.mark.parametrize(
+    ("example", "samples"), [("cpu-deepspeed-zero2.yaml", 32), ("cpu-accelerate.yaml", 16)]
+)
+def test_engine_examples_run_under_gpud(daemon: RunningDaemon, example: str, samples: int) -> None:
     result = gpuctl(
         "--node",
         daemon.address,
@@ -44,6 +55,10 @@ def test_engine_examples_run_under_gpud(daemon: RunningDaemon, example: str) -> 
     s = status(daemon, run_id)
     assert s.run.state.value == "succeeded" and s.attempts[0].nproc == 2
     assert loss_steps(daemon, run_id) == {1: list(range(30))}
+    # Each rank counted its first step's FLOPs through the engine (run.count_flops()), and
+    # its heartbeats carried them: gpud's MFU.
+    counted = {r.rank: r.flops_per_step for r in health(daemon, run_id).ranks}
+    assert counted == {0: step_flops(samples), 1: step_flops(samples)}
     nothing_left(run_id)
 
 

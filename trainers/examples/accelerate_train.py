@@ -93,17 +93,18 @@ def main() -> None:
     total = 0.0
     while step < args.steps:
         total = 0.0
-        for _ in range(accumulation):
-            x, y = next(stream)
-            # No gradient sync and no optimizer step until the last micro-batch.
-            with accelerator.accumulate(model):
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                accelerator.backward(loss)  # divides by the accumulation steps itself
-                total += loss.item() / accumulation
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+        with run.count_flops():  # the first step's FLOPs, counted once: gpud's MFU
+            for _ in range(accumulation):
+                x, y = next(stream)
+                # No gradient sync and no optimizer step until the last micro-batch.
+                with accelerator.accumulate(model):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    accelerator.backward(loss)  # divides by the accumulation steps itself
+                    total += loss.item() / accumulation
+                    if accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
         # Resumes start at a step boundary, so Accelerate's micro-batch count stays aligned.
         assert accelerator.sync_gradients, "the optimizer step must end each step"
         schedule.step()

@@ -131,12 +131,15 @@ def main() -> None:
     total = 0.0
     while step < args.steps:
         total = 0.0
-        for _ in range(accumulation):
-            x, y = next(stream)
-            loss = torch.nn.functional.mse_loss(engine(x), y)
-            engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
-            total += loss.item() / accumulation
-            engine.step()  # an optimizer step only at the accumulation boundary
+        # The first step's FLOPs, counted once (gpud's MFU): the engine's forward and
+        # backward are the module's, so torch's counter sees every matmul of them.
+        with run.count_flops():
+            for _ in range(accumulation):
+                x, y = next(stream)
+                loss = torch.nn.functional.mse_loss(engine(x), y)
+                engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
+                total += loss.item() / accumulation
+                engine.step()  # an optimizer step only at the accumulation boundary
         # Here, and only here, an optimizer step has just completed: the place to stop.
         lr = float(engine.get_lr()[0])
         run.log(step, loss=total, lr=lr)
