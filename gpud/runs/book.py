@@ -98,6 +98,9 @@ class RunBook:
         self.on_ended: list[Callable[[RunRecord], None]] = []
         #: Called after every move, with the run as it is now (alerts: gpud.notify).
         self.on_moved: list[Callable[[RunRecord], None]] = []
+        #: Called when the ticks may have something new to look at: a run or part added
+        #: or read back, a part's log to read again (the supervisor's idle tick wakes).
+        self.on_work: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ reading
 
@@ -184,12 +187,14 @@ class RunBook:
         """Hold a run read back from the store (adoption after a daemon restart)."""
         self._runs[run.id] = run
         self._ticked = None
+        self._work()
 
     def add(self, run: RunRecord) -> RunRecord:
         """A new run, as launched or joined here."""
         old = self._runs.get(run.id)
         if old is None or old.state.terminal != run.state.terminal:
             self._ticked = None
+            self._work()
         self._runs[run.id] = run
         self.store.put_run(run)
         return run
@@ -324,18 +329,25 @@ class RunBook:
     def part_busy_again(self) -> None:
         """A part's log or metrics are to be read again: the ticks look at it now."""
         self._busy = None
+        self._work()
 
     def add_part(self, part: Part) -> None:
         self._parts[part.record.run_id] = part
         self._ticked = self._busy = None
         self.store.put_attempt(part.record)
+        self._work()
 
     def update_part(self, part: Part, **changes: Unpack[AttemptChanges]) -> None:
         ended = part.record.state.terminal
         part.update(**changes)
         if part.record.state.terminal != ended:
             self._ticked = None
+            self._work()
         self.store.put_attempt(part.record)
+
+    def _work(self) -> None:
+        for wake in self.on_work:
+            wake()
 
     # ------------------------------------------------------------------ views
 

@@ -167,6 +167,19 @@ class GangView:
         }
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """What `Gang._reserve` got for an attempt: its nodes (and those in words), or why not."""
+
+    members: list[int]
+    words: str
+    refusal: str | None = None
+    #: Refused because fewer than `elastic.min_nodes` nodes could take part (not because
+    #: this node's GPUs are busy): an automatic restart waits for them only if the spec
+    #: says `queue: true`.
+    too_few: bool = False
+
+
 class Gang:
     def __init__(
         self, book: RunBook, local: LocalParts, keys: KeyPair | None, health: HealthSink
@@ -302,6 +315,11 @@ class Gang:
                 view.parts[rank] = old.model_copy(update={"seen_at": now, "error": error})
 
     # ------------------------------------------------------------------ the tick
+
+    @property
+    def has_orphans(self) -> bool:
+        """Ranks of ended runs still to be stopped: the ticks must go on at full pace."""
+        return bool(self._orphans)
 
     async def tick(self, now: float) -> None:
         woke = self._watch.tick(now)
@@ -653,7 +671,8 @@ class Gang:
         somewhere it is refused (ProtocolError `unavailable`), or with `queue` it waits:
         the run is `queued`, holding nothing. Refused (`conflict`) when the spec requires a
         checkpoint and the run has none of its own. An elastic run starts on the nodes that
-        can (`left_out`: known silent), if there are enough (`gpud.runs.elastic`)."""
+        can (`left_out`: known silent), if there are enough (`gpud.runs.elastic`); an
+        automatic restart with too few fails instead of waiting, unless the spec queues."""
         spec = parse_spec(run.spec)
         automatic = automatic or run.queued_restart
         attempt, fresh = self._next_attempt(run)
@@ -664,12 +683,18 @@ class Gang:
         point = await asyncio.to_thread(_resume_point, run, spec, fresh)
         queued = run.state is RunState.QUEUED
         key = run.queue_key if queued else (self.book.clock(), run.id)
-        refusal, members, words = await self._reserve(run, spec, attempt, key, queue, left_out)
+        # An elastic restart whose spec does not queue fails below min_nodes rather than
+        # wait: it takes no place in the other nodes' queues.
+        short_fails = automatic and spec.elastic is not None and not spec.queue
+        got = await self._reserve(run, spec, attempt, key, queue and not short_fails, left_out)
+        refusal, members, words = got.refusal, got.members, got.words
         current = self.book.get(run.id) or run
         if current.state is not run.state or current.stop_requested != run.stop_requested:
             await self._release(run, attempt)  # stopped (cancelled) while we asked
             return current
         if refusal is not None:
+            if got.too_few and short_fails:
+                return self._too_few_to_restart(run, refusal, left_out)
             if not queue:
                 self.book.update(run.id, resume_next=None)  # refused: --from is not kept
                 raise ProtocolError(ErrorCode.UNAVAILABLE, refusal)
@@ -745,6 +770,23 @@ class Gang:
             raise ProtocolError(ErrorCode.UNAVAILABLE, message)
         return self.book.get(run.id) or run
 
+    def _too_few_to_restart(
+        self, run: RunRecord, why: str, silent: set[int] | frozenset[int]
+    ) -> RunRecord:
+        """An elastic run below `min_nodes` whose spec does not queue: its restart fails
+        the run (issue 21 §3), keeping the cause of the attempt that failed. A silent node's
+        leftovers are stopped once it answers, as after any ended run."""
+        self.book.update(run.id, resume_next=None)
+        if silent:
+            self._orphans[run.id] = (self.book.clock(), set(silent))
+        return self.book.move(
+            run.id,
+            RunState.FAILED,
+            f"not restarted: {why} (queue: false; with queue: true it would wait, queued)",
+            next_restart_at=None,
+            queued_restart=False,
+        )
+
     async def _reserve(
         self,
         run: RunRecord,
@@ -753,8 +795,8 @@ class Gang:
         key: tuple[float, str],
         queue: bool,
         left_out: set[int] | frozenset[int] = frozenset(),
-    ) -> tuple[str | None, list[int], str]:
-        """Lease the attempt's GPUs: (why not, or None; the attempt's nodes; those in words).
+    ) -> Reservation:
+        """Lease the attempt's GPUs: the attempt's nodes (and in words), or why not.
 
         A run that is not elastic takes every node or none; a request no node could ever
         serve (a GPU it does not have) raises at once. An elastic one takes the nodes that
@@ -765,9 +807,9 @@ class Gang:
         except ProtocolError as exc:
             if exc.code is not ErrorCode.UNAVAILABLE:
                 raise
-            return exc.message, [], ""
+            return Reservation([], "", refusal=exc.message)
         if len(run.nodes) < 2:
-            return None, [0], "1 node"
+            return Reservation([0], "1 node")
         everyone = elastic.primary(run, spec) if spec.elastic is None else range(len(run.nodes))
         asked = [r for r in everyone if r != 0 and r not in left_out]
         request = PartReserveRequest(run_id=run.id, attempt=attempt, queued_at=key[0], queue=queue)
@@ -793,14 +835,14 @@ class Gang:
                     + ([f"node(s) {', '.join(map(str, gone))} do not answer"] if gone else [])
                     + ([why] if why else [])
                 )
-            return why, [], ""
+            return Reservation([], "", refusal=why, too_few=spec.elastic is not None)
         await self._give_back(run, attempt, [r for r in granted if r not in members])
         for rank, reply in sorted(refused.items()):  # an elastic attempt goes on without it
             why = reply.message if isinstance(reply, RequestFailed) else str(reply)
             self.book.event(
                 run, "attempt", f"node {rank} left out of attempt {attempt}: {why}", "warning"
             )
-        return None, members, words
+        return Reservation(members, words)
 
     async def _preflight(
         self,

@@ -103,6 +103,10 @@ from launch.spec import (
 log = logging.getLogger("gpud.runs")
 
 TICK_S = 0.25
+#: The tick's cadence with nothing live, no log to read and no orphan to stop; a run or
+#: part added wakes it at once (`RunBook.on_work`). Four idle ticks a second, each a wake
+#: of the loop, were a tenth of what an idle daemon spent.
+IDLE_TICK_S = 1.0
 #: The same tick failure again is logged (with its count) at most this often.
 TICK_FAILURE_REPORT_S = 60.0
 #: How much of a part's output is read between two yields to the loop, and per tick.
@@ -178,6 +182,8 @@ class Supervisor:
         self._hangs: dict[str, int] = {}  # run → the attempt already stopped as hung
         self._last_pids: dict[str, float] = {}
         self._last_expire = 0.0
+        self._work = asyncio.Event()
+        self.book.on_work.append(self._work.set)
 
     # ================================================================== start-up
 
@@ -956,7 +962,20 @@ class Supervisor:
                         again = f" (and {last[2]} time(s) since it was logged)"
                     log.exception("supervisor tick failed%s; continuing", again)
                     last = (what, now, 0)
+            await self._until_next_tick()
+
+    async def _until_next_tick(self) -> None:
+        """TICK_S; with nothing to look at, IDLE_TICK_S or until there is."""
+        if self.book.ticked() or self.book.busy_parts() or self.gang.has_orphans:
             await asyncio.sleep(TICK_S)
+            return
+        self._work.clear()
+        # Not asyncio.wait_for: before Python 3.12 it can swallow the task's cancel.
+        timer = asyncio.get_running_loop().call_later(IDLE_TICK_S, self._work.set)
+        try:
+            await self._work.wait()
+        finally:
+            timer.cancel()
 
     async def tick(self) -> None:
         now = self.clock()
