@@ -197,7 +197,7 @@ class Daemon:
         self._supervisor: Supervisor | None = None
         self._metrics_sock: socket.socket | None = None
         self._process = DaemonProcess()
-        self._ledger = CpuLedger()
+        self._ledger = CpuLedger(watch_gc=True)
         self._state_full: str | None = None  # why the state dir has no room
         self._control: ControlServer | None = None
         self._healing: Healing | None = None
@@ -744,6 +744,7 @@ class Daemon:
 
     def close(self) -> None:
         """Close sockets, stop threads, flush and release the state dir. Idempotent."""
+        self._ledger.close()
         if self._notify is not None:
             self._notify.close()  # what is due goes out first (2 s at most)
             self._notify = None

@@ -176,7 +176,7 @@ def test_node_info_says_what_the_daemons_cpu_went_to(daemon: RunningDaemon) -> N
     first = client.node_info()
     time.sleep(2.5)  # a few samples at the daemon's interval
     later = client.node_info()
-    assert set(later.cpu_by_component) >= {"sampler", "snapshot", "brief", "supervision"}
+    assert set(later.cpu_by_component) >= {"sampler", "snapshot", "brief", "supervision", "gc"}
     assert later.cpu_by_component["sampler"] > first.cpu_by_component.get("sampler", 0.0)
     assert later.cpu_seconds is not None and first.cpu_seconds is not None
     charged = sum(later.cpu_by_component.values())

@@ -3,6 +3,7 @@ that, is charged to it."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -44,3 +45,33 @@ def test_work_charged_in_another_thread_counts_that_threads_cpu_only() -> None:
     assert result == [7]
     totals = ledger.totals()
     assert totals["sampler"] >= 0.04 and totals["snapshot"] < 0.02, totals
+
+
+def test_a_collection_inside_a_charged_block_is_the_collectors_not_the_blocks() -> None:
+    ledger = CpuLedger(watch_gc=True)
+    try:
+        # A heap of cycles: a full collection over it takes measurable CPU.
+        heap = []
+        for _ in range(300_000):
+            node: list[object] = []
+            node.append(node)
+            heap.append(node)
+        with ledger.charge("retention"):
+            before = time.thread_time()
+            gc.collect()
+            collecting = time.thread_time() - before
+        totals = ledger.totals()
+    finally:
+        ledger.close()
+    assert collecting > 0.01, collecting
+    assert totals["gc"] >= 0.8 * collecting, (totals, collecting)
+    assert totals["retention"] < 0.2 * collecting + 0.005, (totals, collecting)
+    del heap
+
+
+def test_only_a_ledger_that_watches_the_collector_counts_it_and_close_lets_go() -> None:
+    quiet, watching = CpuLedger(), CpuLedger(watch_gc=True)
+    watching.close()
+    watching.close()  # idempotent
+    gc.collect()
+    assert quiet.totals()["gc"] == 0.0 and watching.totals()["gc"] == 0.0
