@@ -7,16 +7,20 @@ node (runs there go on, or stop with --stop-runs); a viewer cannot; bad input is
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from gpud.client import RequestFailed
-from gpud.protocol import NODE_DRAIN, DrainRequest, Role
+from gpud.auth import authorize
+from gpud.keys import CLIENT_KEY, load_or_create_keypair
+from gpud.known_nodes import known_nodes_path
+from gpud.protocol import Role
 from gpud.runmodel import CauseKind, RunState
-from tests.support.adversary import audit_records, authorized_keys
-from tests.support.daemons import RunningDaemon, gpuctl
+from tests.support.adversary import audit_records
+from tests.support.daemons import RunningDaemon, gpuctl, run_cli
 from tests.support.runs import (
     FAST,
     force_stop,
@@ -44,6 +48,18 @@ def gpu_hold(daemon: RunningDaemon, index: int) -> dict[str, object] | None:
     assert isinstance(gpus, list)
     hold: dict[str, object] | None = gpus[index]["hold"]
     return hold
+
+
+def gpuctl_as_viewer(
+    daemon: RunningDaemon, config: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """gpuctl from a config dir of its own, whose key the daemon knows as a viewer's (as
+    `gpuctl keys create`, `keys authorize --role viewer` and `keys trust` would set it up)."""
+    if not config.exists():
+        keys, _ = load_or_create_keypair(config / "keys", CLIENT_KEY)
+        authorize(daemon.state_dir, keys.public_text, Role.VIEWER, "watcher")
+        shutil.copy(known_nodes_path(), config / known_nodes_path().name)  # trusts the daemon
+    return run_cli("launch.gpuctl", *args, env={"GPUD_CONFIG_DIR": str(config)})
 
 
 def test_an_xid_79_quarantines_the_gpu_and_the_run_restarts_on_others(
@@ -145,11 +161,17 @@ def test_an_operator_drains_and_undrains_a_node(daemon: RunningDaemon, tmp_path:
         "gpuctl: error: node0 has no GPU 9 (its GPUs: 0-7) [invalid_body]"
     ]
     unknown = gpuctl("--node", node, "drain", "no-such-node", "--reason", "x")
-    assert unknown.returncode != 0 and len(unknown.stderr.strip().splitlines()) == 1
-    viewer = daemon.client(keys=authorized_keys(daemon, Role.VIEWER, "watcher"))
-    with pytest.raises(RequestFailed) as err:
-        viewer.call(NODE_DRAIN, DrainRequest(reason="mine now"))
-    assert err.value.code == "forbidden"
+    assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
+    # A viewer's key: the daemon refuses the request, so exit 1 (the README's table).
+    viewer = tmp_path / "viewer"
+    assert gpuctl_as_viewer(daemon, viewer, "--node", node, "hw").returncode == 0  # it reads
+    refused = gpuctl_as_viewer(daemon, viewer, "--node", node, "drain", node, "--reason", "mine")
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "gpuctl: error: node.drain needs the operator role; your key (watcher) is a viewer"
+        " [forbidden]"
+    ]
+    assert refused.stdout == ""
 
     # --stop-runs: the runs there are stopped, each through its node 0.
     again = gpuctl("--node", node, "drain", node, "--reason", "now", "--stop-runs")
