@@ -22,7 +22,8 @@ import pytest
 
 from gpud.runmodel import RunState
 from gpud.runs import procs
-from tests.support.daemons import RunningDaemon, gpuctl
+from tests.integration.test_prometheus import parse, scrape
+from tests.support.daemons import RunningDaemon, free_port, gpuctl
 from tests.support.runs import (
     FAST,
     assert_no_gap,
@@ -61,18 +62,39 @@ def frozen(daemon: RunningDaemon, run_id: str, node_rank: int) -> Iterator[None]
                 pass
 
 
-def three(daemons: Daemons, spares: int = 0) -> list[RunningDaemon]:
-    return [daemons(node=f"n{i}", simulate_gpus=None) for i in range(3 + spares)]
+def three(daemons: Daemons, spares: int = 0, metrics_port: int = 0) -> list[RunningDaemon]:
+    """Three daemons (and spares); node 0 serves /metrics on `metrics_port` if one is given."""
+    scraped = ("--metrics", f"127.0.0.1:{metrics_port}") if metrics_port else ()
+    return [
+        daemons(node=f"n{i}", simulate_gpus=None, extra=scraped if i == 0 else ())
+        for i in range(3 + spares)
+    ]
+
+
+def run_series(port: int, run_id: str) -> dict[str, float]:
+    """Node 0's /metrics: the run's world and node counts."""
+    samples = parse(scrape(f"http://127.0.0.1:{port}/metrics"))
+    wanted = ("gpud_run_world_size", "gpud_run_nodes", "gpud_run_planned_nodes")
+    return {
+        name: value
+        for name in wanted
+        for labels, value in samples.get(name, [])
+        if labels["run"] == run_id
+    }
 
 
 @pytest.mark.timeout(600)
 def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons) -> None:
-    nodes = three(daemons)
+    port = free_port()
+    nodes = three(daemons, metrics_port=port)
     run_id = launch(
         nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
         nodes=tuple(n.address for n in nodes),
     )  # fmt: skip
     wait_for_step(nodes[0], run_id, 45)  # past two checkpoints
+    assert run_series(port, run_id) == {
+        "gpud_run_world_size": 3, "gpud_run_nodes": 3, "gpud_run_planned_nodes": 3,
+    }  # fmt: skip
     with frozen(nodes[2], run_id, 2):
         froze = time.monotonic()
         until(
@@ -97,6 +119,9 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
         events = [e.message for e in s.events if e.kind == "attempt"]
         assert any("on 2/3 node(s) without node(s) 2" in m for m in events), events
         assert any("gradient accumulation 3" in m for m in events), events
+        assert run_series(port, run_id) == {
+            "gpud_run_world_size": 2, "gpud_run_nodes": 2, "gpud_run_planned_nodes": 3,
+        }  # fmt: skip
     # Node 2 woke up: its part of attempt 1 is stopped; it does not rejoin by itself.
     until("node 2's old part stopped", lambda: not procs.tagged(run_id, node_rank=2), 30)
     assert status(nodes[0], run_id).run.members == [0, 1]

@@ -9,7 +9,7 @@ from gpud.efficiency.mfu import SIMULATED
 from gpud.efficiency.model import RunFlops
 from gpud.prometheus.series import RunOnNode, run_families
 from gpud.protocol import RunSummary
-from gpud.runmodel import HealthSummary, RankView, RunState, Stall
+from gpud.runmodel import HealthSummary, NodeRef, RankView, RunState, Stall
 
 
 def summary(state: RunState = RunState.RUNNING, **values: float) -> RunSummary:
@@ -123,3 +123,18 @@ def test_goodput_and_the_seconds_by_bucket_add_up_to_the_wall_time() -> None:
     assert seconds[("bucket=training",)] == 36.0 and seconds[("bucket=checkpointing",)] == 4.0
     assert sum(seconds.values()) == 60.0 and len(seconds) == 8  # every bucket, 0 or not
     assert "gpud_run_goodput_ratio" not in rendered(RunOnNode(summary()))
+
+
+def test_an_elastic_attempt_on_fewer_nodes_shows_its_world_and_nodes_beside_the_plan() -> None:
+    three = [NodeRef(control=f"tcp://127.0.0.1:{7711 + i}") for i in range(3)]
+    shrunk = summary().model_copy(
+        update={"nodes": three, "members": [0, 1], "world_size": 2, "planned_nodes": 3}
+    )
+    series = rendered(RunOnNode(shrunk))
+    assert series["gpud_run_world_size"] == {(): 2.0}
+    assert series["gpud_run_nodes"] == {(): 2.0}
+    assert series["gpud_run_planned_nodes"] == {(): 3.0}
+    # Not elastic (every node in every attempt), no attempt yet: the nodes it has, no world.
+    plain = rendered(RunOnNode(summary(RunState.QUEUED).model_copy(update={"nodes": three})))
+    assert plain["gpud_run_nodes"] == {(): 3.0} and plain["gpud_run_planned_nodes"] == {(): 3.0}
+    assert "gpud_run_world_size" not in plain
