@@ -274,7 +274,11 @@ class ElasticSettings(SpecModel):
     """Keep training on the healthy nodes when one is lost, drained or fails its preflight
     (issue 21): node 0 starts the next attempt on what is left, plus a spare."""
 
-    min_nodes: int = Field(ge=1, description="fewer healthy nodes than this: wait or fail")
+    min_nodes: int = Field(
+        ge=1,
+        description="fewer healthy nodes than this: the run waits, queued, with queue: true,"
+        " and fails without it",
+    )
     max_nodes: int | None = Field(
         None, ge=1, description="most nodes an attempt uses (default: the spec's nodes)"
     )

@@ -6,8 +6,9 @@ list of indices into `nodes`, node 0 first: every primary node for a run that is
 elastic, or when all are healthy. When a node is lost, drained or refused, node 0 starts
 the next attempt on the primary nodes that answer and can give their GPUs, topped up with
 spares, up to `elastic.max_nodes` (default: as many as the primary nodes); with fewer than
-`elastic.min_nodes` the run waits (queued) or fails. The attempt's node rank of a node is
-its place in `members`, so torchrun sees a smaller `--nnodes` and a contiguous rank.
+`elastic.min_nodes` an automatic restart waits (queued) when the spec has `queue: true`,
+and fails otherwise. The attempt's node rank of a node is its place in `members`, so
+torchrun sees a smaller `--nnodes` and a contiguous rank.
 
 With `keep_global_batch` (the default) the gradient accumulation grows as the world
 shrinks (`grad_accum_for`), so batch × accumulation × world stays as it was; the
@@ -69,8 +70,10 @@ def choose_members(
     added = spares[: max(0, min(most, len(first)) - len(chosen))]
     chosen += added
     if len(chosen) < spec.elastic.min_nodes:
+        which = ", ".join(map(str, chosen))
         return None, (
-            f"{len(chosen)} healthy node(s), fewer than elastic.min_nodes {spec.elastic.min_nodes}"
+            f"{len(chosen)} healthy node(s) ({which}), fewer than elastic.min_nodes"
+            f" {spec.elastic.min_nodes}"
         )
     left_out = [r for r in first if r not in chosen]
     words = f"{len(chosen)}/{len(first)} node(s)"

@@ -314,13 +314,15 @@ def launch_command(
         spec = load_spec(config, list(overrides), name)
     except SpecError as exc:
         fail(str(exc), EXIT_USAGE)
+    if queue:  # kept with the run: an elastic run's restarts below min_nodes wait too
+        spec = spec.model_copy(update={"queue": True})
     note = plain_script_note(spec)  # said once the launch went through, as the warnings are
     if slurm or spec.slurm is not None:
         _slurm_launch(ctl, spec, dry_run)
         return
     targets = _targets(ctl, spec)
     try:
-        reply, joins = start(ctl, spec, targets, dry_run, queue or spec.queue)
+        reply, joins = start(ctl, spec, targets, dry_run, spec.queue)
     except ClientError as exc:
         fail(f"{targets[0].label}: {exc}", exit_code_for(exc))
     except JoinFailed as exc:

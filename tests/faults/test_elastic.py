@@ -5,9 +5,10 @@ node, `elastic: {min_nodes: 2}`, `lost_after_s: 10`, a checkpoint every 20 steps
 node freezes whole (SIGSTOP of its daemon and its rank): node 0 calls it lost, stops the
 others, and restarts from the checkpoint on the two that answer, with the gradient
 accumulation raised so the global batch is kept; the run finishes with no step missing
-from its metrics. With a spare, the next attempt is back at three nodes. With
-`min_nodes: 3`, the run waits, queued, saying why. When the frozen node wakes, what is
-left of its part of the old attempt is stopped, and `gpuctl resize` brings it back in.
+from its metrics, and node 0's /metrics says 2 of 3 nodes. With a spare, the next attempt
+is back at three nodes. With `min_nodes: 3`, the run waits, queued, saying why (`queue:
+true`), or fails, saying why (without it). When the frozen node wakes, what is left of its
+part of the old attempt is stopped, and `gpuctl resize` brings it back in.
 """
 
 from __future__ import annotations
@@ -174,13 +175,20 @@ def test_with_a_spare_the_next_attempt_is_back_at_three_nodes(daemons: Daemons) 
     nothing_left(run_id, timeout=30)
 
 
-def test_below_min_nodes_the_run_waits_queued_and_says_why(daemons: Daemons) -> None:
+def three_at_min_nodes(daemons: Daemons, queue: bool) -> tuple[list[RunningDaemon], str]:
+    """A 3-node run with `min_nodes: 3`, trained past its first checkpoint; `gpuctl launch
+    --queue` (kept in its spec as `queue: true`) with `queue`."""
     nodes = three(daemons)
     run_id = launch(
         nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 3}", *ELASTIC,
-        nodes=tuple(n.address for n in nodes),
+        nodes=tuple(n.address for n in nodes), extra=("--queue",) if queue else (),
     )  # fmt: skip
     wait_for_step(nodes[0], run_id, 25)
+    return nodes, run_id
+
+
+def test_below_min_nodes_the_run_waits_queued_and_says_why(daemons: Daemons) -> None:
+    nodes, run_id = three_at_min_nodes(daemons, queue=True)
     with frozen(nodes[2], run_id, 2):
         queued = wait_for(nodes[0], run_id, {"queued"}, timeout=60)
         assert "fewer than elastic.min_nodes 3" in (queued.run.reason or ""), queued.run.reason
@@ -196,6 +204,28 @@ def test_below_min_nodes_the_run_waits_queued_and_says_why(daemons: Daemons) -> 
     stopped = gpuctl("--node", nodes[0].address, "stop", run_id, "--force", timeout=60)
     assert stopped.returncode == 0, stopped.stderr
     nothing_left(run_id, timeout=30)
+
+
+def test_below_min_nodes_without_queue_the_run_fails_and_says_why(daemons: Daemons) -> None:
+    """`queue` is false by default: an automatic restart below min_nodes fails the run at
+    once instead of waiting, naming the nodes that are healthy and the one that is not."""
+    nodes, run_id = three_at_min_nodes(daemons, queue=False)
+    with frozen(nodes[2], run_id, 2):
+        failed = wait_for(nodes[0], run_id, {"failed", "queued"}, timeout=60)
+        assert failed.run.state is RunState.FAILED, failed.run
+        assert failed.run.reason == (
+            "not restarted: 2 healthy node(s) (0, 1), fewer than elastic.min_nodes 3;"
+            " node(s) 2 do not answer (queue: false; with queue: true it would wait, queued)"
+        ), failed.run.reason
+        assert failed.run.cause is not None  # the attempt's own failure, kept
+        assert failed.run.attempt == 1 and len(failed.attempts) == 1
+        shown = gpuctl("--node", nodes[0].address, "status", run_id)
+        assert "fewer than elastic.min_nodes 3" in shown.stdout, shown.stdout + shown.stderr
+        # Node 1 was asked without `queue`: it holds no place in its queue for the run.
+        assert status(nodes[1], run_id).run.state is not RunState.QUEUED
+    # Awake again: what is left of node 2's part is stopped; the run stays failed.
+    nothing_left(run_id, timeout=30)
+    assert status(nodes[0], run_id).run.state is RunState.FAILED
 
 
 def test_a_node_whose_gpu_fails_its_preflight_is_left_out_of_the_next_attempt(
