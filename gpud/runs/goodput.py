@@ -3,9 +3,10 @@
 One `GoodputClock` per run this node coordinates: each tick adds the time since the last
 to the bucket of the run's state (`gpud.efficiency.goodput`); rank 0's steps, the saves
 the trainer reports and health's stalls move time between buckets as they are learnt.
-The record rides on the run (`RunRecord.goodput`), stored every `PERSIST_S` and at the
-run's end, so a restarted daemon carries on from it (the time it was down goes to the
-bucket the run was in) and an ended run keeps its figures.
+The record rides on the run (`RunRecord.goodput`), stored every `PERSIST_S`, when the run
+moves or an attempt takes its first step, and at the run's end, so a restarted daemon
+carries on from it (the time it was down goes to the bucket the run was in) and an ended
+run keeps its figures.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ class GoodputKeeper:
                 continue
             clock = self._clock(run)
             clock.advance(now, run.state.value, run.attempt, run.next_restart_at is not None)
-            self._state[run.id] = (run.state.value, run.attempt)
+            moved = self._state.get(run.id) != (state := (run.state.value, run.attempt))
+            self._state[run.id] = state
             health = self.health.get(run.id)
             if health is not None and health.stall is not None and health.attempt == run.attempt:
                 clock.stall(run.attempt, health.stall.stuck_for_s)
-            if now - self._saved.get(run.id, 0.0) >= PERSIST_S:
+            if moved or now - self._saved.get(run.id, 0.0) >= PERSIST_S:
                 self._save(run.id, clock, now)
 
     def stepped(self, run: RunRecord, attempt: int, step: int, now: float) -> None:
@@ -58,6 +60,8 @@ class GoodputKeeper:
         if first and attempt > 1:
             part = self.book.current_part(run)
             clock.next_attempt(attempt, part.record.resume_step if part else None)
+        if first:
+            self._save(run.id, clock, now)
 
     def checkpointed(self, run: RunRecord, attempt: int, seconds: float) -> None:
         if run.is_coordinator and attempt == run.attempt:

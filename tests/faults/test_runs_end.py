@@ -95,16 +95,29 @@ def long_two_node_run(node0: RunningDaemon, node1: RunningDaemon, *sets: str) ->
 def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, victim: int) -> None:
     nodes = list(two_nodes(daemons))
     total = 600  # long enough to outlive the daemon restart on a busy machine
+    launched = time.monotonic()
     run_id = launch(
         nodes[0], FAST, f"training.max_steps={total}", nodes=(nodes[0].address, nodes[1].address)
     )
     wait_for_step(nodes[0], run_id, 10)
+    to_step_10 = time.monotonic() - launched
     kill_daemon(nodes[victim])
     time.sleep(3.0)  # the ranks go on without it; rank 0 keeps logging metrics
     nodes[victim] = restart(daemons, nodes[victim])
     assert "re-adopted" in nodes[victim].log()
     s0 = wait_for(nodes[0], run_id, {"succeeded", "failed", "stopped"}, timeout=180)
     assert s0.run.state is RunState.SUCCEEDED, s0.run.reason
+    # Goodput carried over node 0's restart (issue 23 §2): the stored account went on, the
+    # time node 0 was down is training (the run's state then), every second is in one
+    # bucket. Had the account been lost, the restarted clock would have put everything
+    # up to its first step after the restart in `starting`.
+    g = s0.goodput
+    assert g is not None and g.ended and g.ratio is not None
+    wall = s0.run.state_since - s0.run.created_at
+    assert abs(sum(g.seconds.values()) - wall) <= 0.01 * wall, (g.seconds, wall)
+    assert 0 < g.seconds["starting"] <= to_step_10 + 1.0, (g.seconds, to_step_10)
+    assert g.seconds["training"] >= wall - to_step_10 - 2.0, (g.seconds, wall)
+    assert not g.attempts[0].unstepped
     assert [p.state for p in s0.parts] == [RunState.SUCCEEDED, RunState.SUCCEEDED]
     assert status(nodes[1], run_id).run.state is RunState.SUCCEEDED
     assert_no_gap(steps_recorded(nodes[0], run_id), total)
