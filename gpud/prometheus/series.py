@@ -396,11 +396,15 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
         " run's wall time so far (node 0 only).",
         ("run",),
     )
-    seconds = CounterMetricFamily(
+    # A gauge, not a counter: time learnt later (a save's, a stall's, steps done again) is
+    # moved out of `training`, which then drops; as a counter, rate() and increase() would
+    # read each move as a reset. Differences over time (x - x offset 1h, deriv) are right.
+    seconds = _gauge(
         "gpud_run_seconds",
-        "The run's wall time by bucket: queued, starting, training, checkpointing, stalled,"
-        " stopping, restarting, lost (node 0 only; they add up to the wall time).",
-        labels=["run", "bucket"],
+        "The run's wall time so far by bucket: queued, starting, training, checkpointing,"
+        " stalled, stopping, restarting, lost (node 0 only; they add up to the wall time)."
+        " training can drop as time learnt later moves out of it: take differences, not rate.",
+        ("run", "bucket"),
     )
     straggler = _gauge("gpud_run_straggler", "1 while the rank is a straggler, else 0.",
                        ("run", "rank"))  # fmt: skip

@@ -56,7 +56,7 @@ def test_the_mfu_and_goodput_panels_read_what_a_run_on_a_real_gpu_exports() -> N
     exprs = row_exprs("MFU and goodput")
     read = {name for expr in exprs for name in re.findall(r"\bgpud_\w+", expr)}
     assert read == {"gpud_run_mfu", "gpud_run_flops_per_second", "gpud_run_goodput_ratio",
-                    "gpud_run_seconds_total"}  # fmt: skip
+                    "gpud_run_seconds"}  # fmt: skip
     for expr in exprs:
         grouped = {g.strip() for by in re.findall(r"by \(([^)]*)\)", expr) for g in by.split(",")}
         for name, selector in re.findall(r"\b(gpud_\w+)\{([^}]*)\}", expr):

@@ -118,7 +118,7 @@ def test_goodput_and_the_seconds_by_bucket_add_up_to_the_wall_time() -> None:
     clock.checkpointed(1, 4.0)
     series = rendered(RunOnNode(summary(), goodput=clock.record()))
     assert series["gpud_run_goodput_ratio"] == {(): 0.6}
-    seconds = series["gpud_run_seconds_total"]
+    seconds = series["gpud_run_seconds"]
     assert seconds[("bucket=queued",)] == 10.0 and seconds[("bucket=starting",)] == 10.0
     assert seconds[("bucket=training",)] == 36.0 and seconds[("bucket=checkpointing",)] == 4.0
     assert sum(seconds.values()) == 60.0 and len(seconds) == 8  # every bucket, 0 or not
