@@ -144,6 +144,10 @@ class LocalParts(Protocol):
         """This node's part of the attempt's collective check; never raises."""
         ...
 
+    def holds_real_gpus(self, run: RunRecord, attempt: int) -> bool:
+        """Whether the attempt reserved real GPUs here (not simulated ones)."""
+        ...
+
 
 HealthSink = Callable[[str, dict[int, PartHealth]], None]
 
@@ -714,7 +718,9 @@ class Gang:
         self._queue_tried.pop(run.id, None)
         own = self.book.part(run.id)
         master_addr = own.record.master_addr if own else master_host(spec, run.nodes)
-        if spec.preflight and len(members) > 1:
+        # One node: no all-reduce to measure, but a real GPU still gets its matmul and
+        # memory test before the attempt takes it.
+        if spec.preflight and (len(members) > 1 or self.local.holds_real_gpus(run, attempt)):
             members, words = await self._preflight(run, spec, attempt, members, words, master_addr)
         try:
             port = pick_port(self.book.store.leased_ports())
@@ -870,7 +876,9 @@ class Gang:
         # Each node's call waits for its check (seconds): on links and threads of its own,
         # one per node at once (they meet in one rendezvous), so neither the peer links
         # that polls use nor the loop's default executor wait behind them.
-        pool = ThreadPoolExecutor(max_workers=len(members) - 1, thread_name_prefix="preflight")
+        pool = ThreadPoolExecutor(
+            max_workers=max(1, len(members) - 1), thread_name_prefix="preflight"
+        )
 
         async def remote(rank: int) -> PartPreflight | None:
             link = PeerLink(run.nodes[rank], self.keys)

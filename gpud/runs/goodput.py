@@ -19,6 +19,12 @@ from gpud.runs.book import RunBook
 PERSIST_S = 10.0
 
 
+def _state(run: RunRecord) -> str:
+    """The run's state as goodput sees it: a launch waiting for its start (its nodes
+    joining, its GPUs' preflight) is starting up, not queued."""
+    return "starting" if run.awaiting_start else run.state.value
+
+
 class GoodputKeeper:
     def __init__(self, book: RunBook, health: dict[str, HealthSummary]) -> None:
         self.book = book
@@ -42,8 +48,8 @@ class GoodputKeeper:
             if not run.is_coordinator or run.state.terminal:
                 continue
             clock = self._clock(run)
-            clock.advance(now, run.state.value, run.attempt, run.next_restart_at is not None)
-            moved = self._state.get(run.id) != (state := (run.state.value, run.attempt))
+            clock.advance(now, _state(run), run.attempt, run.next_restart_at is not None)
+            moved = self._state.get(run.id) != (state := (_state(run), run.attempt))
             self._state[run.id] = state
             health = self.health.get(run.id)
             if health is not None and health.stall is not None and health.attempt == run.attempt:
@@ -71,7 +77,7 @@ class GoodputKeeper:
         if not run.is_coordinator:
             return
         clock = self._clock(run)
-        state, attempt = self._state.pop(run.id, (run.state.value, run.attempt))
+        state, attempt = self._state.pop(run.id, (_state(run), run.attempt))
         clock.end(run.state_since, state, attempt)
         self._clocks.pop(run.id, None)
         self._saved.pop(run.id, None)
@@ -87,7 +93,7 @@ class GoodputKeeper:
         if clock is None:
             return run.goodput
         now_clock = GoodputClock(clock.record())
-        state, attempt = self._state.get(run.id, (run.state.value, run.attempt))
+        state, attempt = self._state.get(run.id, (_state(run), run.attempt))
         now_clock.advance(now, state, attempt, run.next_restart_at is not None)
         return now_clock.record()
 

@@ -502,6 +502,14 @@ class Supervisor:
             # Node 0 starts it once every node joined and can give its part (all or none).
             why = "waiting for every node to join"
             return self._queue(run, master_addr, caller, why, warnings)
+        if spec.preflight and gpus and not req.dry_run and not self.leases.hardware().simulated:
+            # Real GPUs: the first attempt starts as any other does, after their matmul and
+            # memory test (`Gang.start_attempt`; 4-7 s on an H100); refused, the run is
+            # cancelled and the reply says why (a GPU that failed it is quarantined).
+            why = "its GPUs' preflight"
+            self._queue(run, master_addr, caller, why, warnings, awaiting_start=True)
+            started = await self.start_launched(RunStartRequest(run=run_id, queue=queue), caller)
+            return started.model_copy(update={"warnings": warnings})
         try:
             port = pick_port(self.store.leased_ports())
         except NoFreePort as exc:
@@ -792,6 +800,9 @@ class Supervisor:
             for hear in self.bad_gpus:
                 hear(run, failed)
         return found
+
+    def holds_real_gpus(self, run: RunRecord, attempt: int) -> bool:
+        return bool(self.leases.held(run.id, attempt)) and not self.leases.hardware().simulated
 
     def gang_status(self, req: PartStatusRequest, caller: Caller) -> GangStatus:
         """`run.gang.status`: one of the run's other nodes asks where node 0 has it."""

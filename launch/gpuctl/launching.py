@@ -128,7 +128,8 @@ def start(
     launch = LaunchRequest(
         spec=body, nodes=refs, dry_run=dry_run, queue=queue, start_by_call=by_call
     )
-    with Client(targets[0], timeout_s=ctl.timeout) as client:
+    # On real GPUs a one-node launch answers after its GPUs' preflight (seconds).
+    with Client(targets[0], timeout_s=max(ctl.timeout, START_TIMEOUT_S)) as client:
         reply = client.call(RUN_LAUNCH, launch)
     assert isinstance(reply, LaunchReply)
     joins: list[JoinReply] = []

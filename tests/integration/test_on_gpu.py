@@ -105,6 +105,14 @@ def test_a_gpu_run_leases_its_gpu_stops_releasing_its_memory_and_resumes(
     second = ""
     try:
         wait_for_step(daemon, first, 50, timeout=300)
+        # One node, one real GPU: its matmul and memory test ran before the attempt took it.
+        checked = [e.message for e in status(daemon, first).events if e.kind == "preflight"]
+        record("preflight.txt", "\n".join(checked))
+        assert any(
+            m.startswith("preflight on 1 node in ")
+            and m.endswith(": its GPUs passed the matmul and memory test")
+            for m in checked
+        ), checked
         run = status(daemon, first).run
         assert len(run.gpus) == 1, run
         gpu = run.gpus[0]

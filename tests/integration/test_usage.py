@@ -90,6 +90,10 @@ def test_gpu_hours_by_user_run_and_node_outlive_retention(
         if s.goodput is not None and s.goodput.ratio is not None
     }
     assert set(goodput) == set(used) and all(0 < g <= 1 for g in goodput.values()), goodput
+    # The 2-node launch waited for its nodes to join and for run.start: start-up, not queue.
+    gang_goodput = ended[gang].goodput
+    assert gang_goodput is not None and gang_goodput.seconds["queued"] == 0, gang_goodput
+    assert gang_goodput.seconds["starting"] > 0, gang_goodput
     me = next(e.data["by"] for e in ended[mine].events if e.kind == "launch")
 
     def check(found: dict[str, object]) -> None:

@@ -10,9 +10,11 @@ from gpud.heal.preflight import (
     below_baseline,
     failed,
     findings,
+    judge_collective,
     slow_nodes,
     with_figures,
 )
+from gpud.protocol import PartPreflight
 from gpud.snapshot import GpuProcess, GpuSample, XidRecord, XidSummary
 
 GIB = 2**30
@@ -99,3 +101,37 @@ def test_a_node_far_below_its_own_past_is_named_with_its_baseline() -> None:
     for _ in range(10):
         history = with_figures(history, {1: 0.5})
     assert history[1] == [0.5] * BASELINE_KEEP  # only the last few count
+
+
+# ------------------------------------------------------------ the collective check's verdict
+
+
+def part(rank: int, **fields: object) -> PartPreflight:
+    return PartPreflight.model_validate({"node_rank": rank, "ok": True, "seconds": 4.2, **fields})
+
+
+def test_one_node_on_real_gpus_is_judged_by_its_gpu_test_alone() -> None:
+    failing, line = judge_collective([0], {0: part(0)})
+    assert failing == {}
+    assert line == "preflight on 1 node in 4.2s: its GPUs passed the matmul and memory test"
+    bad = part(0, ok=False, gpu_failures=["GPU 1: matmul off by 3.1e+02"], failed_gpus=[1])
+    failing, line = judge_collective([0], {0: bad})
+    assert failing == {0: "its GPU check failed: GPU 1: matmul off by 3.1e+02"}
+    assert line == "preflight on 1 node in 4.2s: its GPU check failed: GPU 1: matmul off by 3.1e+02"
+
+
+def test_a_check_that_could_not_run_is_no_verdict() -> None:
+    failing, line = judge_collective([0], {0: part(0, ok=False, error="no torch for python3")})
+    assert failing == {}
+    assert (
+        line == "preflight's collective check did not complete (no torch for python3): no verdict"
+    )
+    assert judge_collective([0, 1], {})[1].endswith("(no answer): no verdict")
+
+
+def test_a_node_far_below_its_peers_is_named_with_the_figures() -> None:
+    own = part(0, pairs={1: 1.46, 2: 1.52, 3: 0.079})
+    failing, line = judge_collective([0, 1, 2, 3], {0: own, 1: part(1), 2: part(2), 3: part(3)})
+    assert list(failing) == [3] and "GB/s" in failing[3]
+    assert line.startswith("preflight across 4 nodes in 4.2s: all-reduce with node 0: ")
+    assert "node 3 0.079 GB/s" in line
