@@ -1,8 +1,12 @@
 """gputop drains and undrains against a real daemon (issue 21 §1): on the Node screen `d`
 asks for a reason and drains the selected GPU, `D` the node, `u`/`U` put them back after
-a confirmation; the table, the node's header and the fleet row show each hold."""
+a confirmation; the table, the node's header and the fleet row show each hold, and a
+quarantine the daemon put on a GPU itself."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +72,31 @@ async def test_gputop_drains_a_gpu_and_the_node_and_puts_them_back(
         await pilot.pause(0.5)
         await pilot.press("y")
         await settle(pilot, lambda: holds() == ([], False), 10, "GPU 2 undrained")
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_gputop_shows_a_gpu_the_daemon_quarantined_on_an_xid(
+    daemons: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    xids = tmp_path / "xids"
+    daemon = daemons(simulate_gpus=4, extra=("--simulate-xid-file", str(xids)))
+    model, feed, key = watch(daemon)
+    app = GpuTop(model, feed, refresh_s=0.3)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await settle(pilot, lambda: "node0" in screen_text(app), 30, "the fleet row")
+        assert "QUAR" not in screen_text(app)
+        xids.write_text("3:79\n")  # the driver says GPU 3 fell off the bus
+        await settle(pilot, lambda: "QUAR 1" in screen_text(app), 15, "the fleet row's QUAR 1")
+        app.push_screen(NodeScreen(model, key))
+        await settle(
+            pilot,
+            lambda: "GPU 3 QUARANTINED: XID 79 (GPU has fallen off the bus)" in screen_text(app),
+            10,
+            "the node's header",
+        )
+        table = app.screen.query_one(GpuTable)
+        await settle(pilot, lambda: table.row_count == 4, 10, "the GPU table")
+        rows = [line.split() for line in screen_text(app).splitlines()]
+        marked = [row[0] for row in rows if row and "QUAR" in row and row[0].isdigit()]
+        assert marked == ["3"], marked  # GPU 3's row, and no other
