@@ -9,7 +9,8 @@ its events, and measures over `--duration` seconds (default 60):
 - round-trip latency through the real `Client` class, for context;
 - webhook alerts (issue 23 §4): with 4 runs and one alert a second (a run that fails,
   launched every second) to a receiver that answers after 2 s, the daemon's CPU and
-  node.info latency beside the same load with no webhooks (`--webhooks-only` runs just this).
+  node.info latency beside the same load with no webhooks (`--webhooks-only` runs just this),
+  and what the goodput accounting of those runs cost (issue 23 §2, the daemon's ledger).
 
 Targets (issue 2, issue 22 §5): under 0.5% of a core idle, under 80 MB RSS, at least
 5,000 authenticated status requests per second. The idle CPU is split by component, as
@@ -241,10 +242,11 @@ def brief_cost(daemon: RunningDaemon, count: int = 2000) -> tuple[float, float, 
 
 
 def alert_load(tmp: Path, gpus: int, duration: float, receiver: Receiver | None,
-               node: str) -> tuple[float, Prober, int]:  # fmt: skip
+               node: str) -> tuple[float, Prober, int, float]:  # fmt: skip
     """A daemon with 4 runs and a run that fails launched every second (one `failed` alert
     a second), with webhooks to `receiver` or none: (daemon CPU, the prober's latencies
-    of node.info meanwhile, runs launched)."""
+    of node.info meanwhile, runs launched, the goodput accounting's CPU as the daemon's
+    ledger charged it), each per wall second."""
     extra: tuple[str, ...] = ()
     if receiver is not None:
         config = tmp / f"{node}.yaml"
@@ -265,6 +267,7 @@ def alert_load(tmp: Path, gpus: int, duration: float, receiver: Receiver | None,
         proc = psutil.Process(daemon.proc.pid)
         launched = 0
         with Prober(daemon) as prober:
+            _, parts_before = component_cpu(daemon)
             before = proc.cpu_times()
             began = time.monotonic()
             while (elapsed := time.monotonic() - began) < duration:
@@ -272,8 +275,10 @@ def alert_load(tmp: Path, gpus: int, duration: float, receiver: Receiver | None,
                 launched += 1
                 time.sleep(max(0.0, launched - (time.monotonic() - began)))
             after = proc.cpu_times()
+            _, parts_after = component_cpu(daemon)
         cpu = (after.user + after.system) - (before.user + before.system)
-        return cpu / elapsed, prober, launched
+        goodput = parts_after.get("goodput", 0.0) - parts_before.get("goodput", 0.0)
+        return cpu / elapsed, prober, launched, goodput / elapsed
     finally:
         for run_id in sleepers:
             gpuctl("--node", daemon.address, "stop", run_id, "--force")
@@ -327,15 +332,17 @@ def webhooks_side_by_side(tmp: Path, gpus: int, duration: float, rounds: int = 1
           f" second), {rounds} x {duration:.0f} s each side in turn, node.info asked every"
           " 20 ms meanwhile")  # fmt: skip
     cpu = {False: 0.0, True: 0.0}
+    goodput = {False: 0.0, True: 0.0}
     latencies: dict[bool, list[float]] = {False: [], True: []}
     launched = 0
     with Receiver(delay_s=delay) as receiver:
         for n in range(rounds):
             for hooks in (False, True):
-                used, probe, count = alert_load(
+                used, probe, count, accounting = alert_load(
                     tmp, gpus, duration, receiver if hooks else None, f"r{n}-{int(hooks)}"
                 )
                 cpu[hooks] += used / rounds
+                goodput[hooks] += accounting / rounds
                 latencies[hooks] += probe.latencies
                 launched += count if hooks else 0
         deadline = time.monotonic() + 10
@@ -357,6 +364,10 @@ def webhooks_side_by_side(tmp: Path, gpus: int, duration: float, rounds: int = 1
           f" {loud / quiet if quiet else float('nan'):.2f}); p99 ratio"
           f" {pct(latencies[True], 0.99) / pct(latencies[False], 0.99):.2f};"
           f" {receiver.count()} of {launched} alerts received")  # fmt: skip
+    share = sum(goodput.values()) / sum(cpu.values()) if sum(cpu.values()) else 0.0
+    print(f"  goodput accounting (node 0's clocks of 4 live runs and a new run a second)"
+          f": {sum(goodput.values()) / 2 * 100:.3f} % of a core, {share:.1%}"
+          " of the daemon's CPU (its own ledger)")  # fmt: skip
     each, on_loop = per_alert_cpu_ms()
     print(f"  one alert: {each:.2f} ms of the daemon's CPU ({on_loop:.2f} ms on its loop, the"
           f" rest on a sender thread): {each / 10:.3f} % of a core at one a second")  # fmt: skip

@@ -9,6 +9,8 @@ spent waiting, or by other threads, is never counted) to its component:
 - `snapshot`: a sample's events, quarantine rules, and its encoding on the events socket;
 - `brief`: the node in brief (`gpud.brief`);
 - `supervision`: the supervisor's tick (runs, parts, gang, logs followed);
+- `goodput`: node 0's goodput accounting (`gpud.runs.goodput`), inside the tick and as
+  rank 0's metrics arrive;
 - `store`: SQLite writes held back and retried;
 - `housekeeping`: throttled logs and the audit log flushed;
 - `retention`: a retention pass's reads, file removals and compaction, in its thread
@@ -20,7 +22,8 @@ spent waiting, or by other threads, is never counted) to its component:
 What no component claims (zmq's I/O threads, the event loop itself, control requests)
 is the rest: the process's CPU less the sum. The totals are in
 `node.info` (`cpu_by_component`) and on /metrics (`gpud_daemon_component_cpu_seconds`).
-A charge costs two `thread_time` calls, about 1 µs.
+A charge costs two `thread_time` calls, about 1 µs. Charges nest: a block's own CPU is
+what it spent less what the charges inside it spent, so the components add up.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 COMPONENTS = (
-    "sampler", "snapshot", "brief", "supervision", "store", "housekeeping", "retention", "gc",
+    "sampler", "snapshot", "brief", "supervision", "goodput", "store", "housekeeping",
+    "retention", "gc",
 )  # fmt: skip
 
 
@@ -68,24 +72,27 @@ class CpuLedger:
             return
         spent = time.thread_time() - start
         local.gc_start = None
-        local.gc_spent = getattr(local, "gc_spent", 0.0) + spent
+        local.claimed = getattr(local, "claimed", 0.0) + spent
         self._gc_seconds += spent
 
     @contextmanager
     def charge(self, component: str) -> Iterator[None]:
-        """Charge the CPU this thread spends in the block, less its collections (`gc`'s).
-        Around synchronous code only: across an `await`, other tasks' CPU would be
-        charged too."""
+        """Charge the CPU this thread spends in the block to `component`, less what blocks
+        inside it claimed (a nested charge, a collection: each counted once, where it is
+        most specific). Around synchronous code, or across an `await` whose other tasks'
+        charged blocks then count as nested."""
         local = self._local
-        collected = getattr(local, "gc_spent", 0.0)
+        claimed = getattr(local, "claimed", 0.0)
         start = time.thread_time()
         try:
             yield
         finally:
             spent = time.thread_time() - start
-            spent -= getattr(local, "gc_spent", 0.0) - collected
+            inner = getattr(local, "claimed", 0.0) - claimed
+            local.claimed = claimed + spent  # what this block claims from any around it
             with self._lock:
-                self._seconds[component] = self._seconds.get(component, 0.0) + max(0.0, spent)
+                own = max(0.0, spent - inner)
+                self._seconds[component] = self._seconds.get(component, 0.0) + own
 
     def charged(self, component: str, work: Callable[[], T]) -> Callable[[], T]:
         """`work`, charging its CPU to `component` wherever it runs (an executor's thread)."""

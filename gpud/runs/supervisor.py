@@ -913,7 +913,8 @@ class Supervisor:
         if isinstance(message, HeartbeatMessage):
             self.telemetry.heartbeat(run, message)
             if message.step is not None:  # progress between the logged steps (goodput)
-                self.goodput.stepped(run, message.attempt, message.step, self.clock())
+                with self.ledger.charge("goodput"):
+                    self.goodput.stepped(run, message.attempt, message.step, self.clock())
         elif isinstance(message, ProbeMessage):
             self.telemetry.probe(run, message)
         elif kind == "hello":
@@ -936,7 +937,8 @@ class Supervisor:
                 self.book.update(run.id, last_checkpoint=ref)
             took = getattr(message, "seconds", None)
             if took:  # what the save took was training time no more
-                self.goodput.checkpointed(run, message.attempt, took)
+                with self.ledger.charge("goodput"):
+                    self.goodput.checkpointed(run, message.attempt, took)
             if kind == "stopped":
                 self.book.event(run, "checkpoint", f"stopped at step {step}; checkpoint {path}")
         elif kind == "finished":
@@ -949,7 +951,8 @@ class Supervisor:
         newest = max(points, key=lambda p: p.step)
         self.book.note_step(run.id, newest.step)
         self.telemetry.stepped(run, newest.attempt, newest.step)
-        self.goodput.stepped(run, newest.attempt, newest.step, self.clock())
+        with self.ledger.charge("goodput"):
+            self.goodput.stepped(run, newest.attempt, newest.step, self.clock())
         self.book.publish(run_topic(run.id, "metrics"), gang.metrics_event(run.id, points))
 
     # ================================================================== the tick
@@ -1016,7 +1019,8 @@ class Supervisor:
             self.leases.expire(self._live_parts(), now)
         self.attached_runs.tick(now)
         self.telemetry.tick(now)
-        self.goodput.tick(now)
+        with self.ledger.charge("goodput"):
+            self.goodput.tick(now)
         self._find_hangs(now)
         await self.gang.tick(now)
 

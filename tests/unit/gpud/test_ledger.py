@@ -75,3 +75,19 @@ def test_only_a_ledger_that_watches_the_collector_counts_it_and_close_lets_go() 
     watching.close()  # idempotent
     gc.collect()
     assert quiet.totals()["gc"] == 0.0 and watching.totals()["gc"] == 0.0
+
+
+def test_a_charge_inside_another_is_counted_once_where_it_is_most_specific() -> None:
+    ledger = CpuLedger()
+    with ledger.charge("supervision"):
+        spin(0.03)
+        with ledger.charge("goodput"):
+            spin(0.05)
+            with ledger.charge("store"):
+                spin(0.02)
+        spin(0.01)
+    totals = ledger.totals()
+    assert 0.035 <= totals["supervision"] < 0.07, totals  # its own 0.04 s only
+    assert 0.045 <= totals["goodput"] < 0.08, totals  # less the store's
+    assert 0.018 <= totals["store"] < 0.04, totals
+    assert 0.09 <= sum(totals.values()) < 0.15, totals  # the 0.11 s spent, once
