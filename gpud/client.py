@@ -313,10 +313,12 @@ class Client:
             raise IncompatibleVersion(f"{said}; this client (gpud {__version__}) speaks {speaks()}")
         if not reply.ok:
             error = reply.error
-            raise RequestFailed(
-                error.code if error else ErrorCode.INTERNAL.value,
-                error.message if error else "the daemon reported an error",
-            )
+            code = error.code if error else ErrorCode.INTERNAL.value
+            said = error.message if error else "the daemon reported an error"
+            if code == ErrorCode.UNKNOWN_TYPE.value:  # a request newer than the daemon
+                said += f": that gpud is older than this client (gpud {__version__}); upgrade it"
+                said += f" for {method.name}"
+            raise RequestFailed(code, said)
         try:
             return method.reply.model_validate(reply.body)
         except ValidationError as exc:

@@ -209,3 +209,14 @@ def test_a_two_node_run_across_two_releases_trains_and_stops_cleanly(
     assert [p.state for p in status(nodes[0], run_id).parts] == [RunState.STOPPED] * 2
     assert_no_gap(steps_recorded(nodes[0], run_id), last + 1)
     nothing_left(run_id)
+
+    # `gpuctl usage` (new in 0.2.0) across both: the 0.1.0 node is one line saying what it
+    # lacks; the other node's figures come anyway.
+    usage = gpuctl("--node", nodes[0].address, "--node", nodes[1].address, "usage", "--by", "node")
+    old = nodes[previous_node].address
+    assert usage.returncode == 1, (usage.stdout, usage.stderr)
+    assert usage.stderr.splitlines() == [
+        f"gpuctl: error: {old}: unknown request type 'node.usage': that gpud is older than"
+        f" this client (gpud {__version__}); upgrade it for node.usage [unknown_type]"
+    ], usage.stderr
+    assert "no GPU time used since" in usage.stdout  # the CPU run's: no GPU-hours, from HEAD
