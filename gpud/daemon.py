@@ -115,6 +115,7 @@ from gpud.protocol import (
 )
 from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 from gpud.retention.compact import ensure_incremental
+from gpud.retention.heap import HeapKeeper
 from gpud.retention.service import Retention
 from gpud.runmodel import TrainerMessage
 from gpud.runs.attached import AttachConfig
@@ -661,7 +662,9 @@ class Daemon:
             loop.remove_signal_handler(sig)
 
     async def _housekeeping(self) -> None:
-        """Once a second: what throttled logs and the audit log held back, as counts."""
+        """Once a second: what throttled logs and the audit log held back, as counts; the
+        state dir's room; the heap long held kept out of the collector's walks (`gc`)."""
+        heap = HeapKeeper(time.monotonic())
         while True:
             await asyncio.sleep(1.0)
             with self._ledger.charge("housekeeping"):
@@ -669,6 +672,7 @@ class Daemon:
                 if self._audit is not None:
                     self._audit.flush()
                 self._watch_state_dir()
+                heap.tick(time.monotonic())
 
     def _watch_state_dir(self) -> None:
         """A state dir that fills, or has room again, is a node event; while it is full,
