@@ -55,6 +55,43 @@ def measure(path: Path, keep: list[str]) -> DirBytes:
     return out
 
 
+#: A dir that holds still is measured again at most this often: a pass, or a reading of
+#: the state dir's size between passes, takes the figure kept meanwhile.
+MEASURED_FOR_S = 3600.0
+
+
+class Sizes:
+    """Dirs' sizes, kept while what they depend on (`stamp`) holds still: a finished run's
+    dir has no writer left, and walking 500 of them took a retention pass 0.44 s of CPU
+    each time, 0.74 % of a core at one pass a minute. Used from the retention thread only."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[object, float, DirBytes]] = {}
+        self._seen: set[str] = set()
+
+    def measure(self, path: Path, keep: list[str], stamp: object | None, now: float) -> DirBytes:
+        """`measure(path, keep)`, or its figure kept for the same `stamp` (None: a dir
+        still written to, measured every time)."""
+        key = str(path)
+        self._seen.add(key)
+        held = self._held.get(key)
+        fresh = held is not None and now - held[1] < MEASURED_FOR_S
+        if stamp is not None and held is not None and fresh and held[0] == stamp:
+            return held[2]
+        found = measure(path, keep)
+        if stamp is None:
+            self._held.pop(key, None)
+        else:
+            self._held[key] = (stamp, now, found)
+        return found
+
+    def forget_unseen(self) -> None:
+        """Let go of the dirs not measured since the last call (their runs are gone)."""
+        for key in [k for k in self._held if k not in self._seen]:
+            del self._held[key]
+        self._seen.clear()
+
+
 def _walk(path: str, keep: list[str], out: DirBytes, kept: bool) -> None:
     try:
         entries = list(os.scandir(path))

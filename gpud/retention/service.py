@@ -100,6 +100,7 @@ class Retention:
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpud-retention")
         self._reader: sqlite3.Connection | None = None  # the thread's own
+        self._sizes = files.Sizes()  # the thread's
         self._writer: sqlite3.Connection | None = None  # the thread's, for checkpoints only
         self._batches = 0
         self._lock: asyncio.Lock | None = None
@@ -236,14 +237,19 @@ class Retention:
         leased = {str(r) for (r,) in self._reader.execute("SELECT run_id FROM gpu_leases")}
         leased |= {str(r) for (r,) in self._reader.execute("SELECT run_id FROM port_leases")}
         dirs = {}
+        now = time.monotonic()
         for run in facts.runs:
             keep = files.keep_paths(run.checkpoint_dir, run.last_checkpoint)
             if files.within(Path(run.run_dir), self._state.runs):
-                dirs[run.id] = files.measure(Path(run.run_dir), keep)
-        size = self._size(facts, dirs)
+                # A finished run's dir holds still until it is resumed (a new attempt).
+                ended = run.state in _TERMINAL
+                stamp = (run.state, run.ended_at, run.attempt, *keep) if ended else None
+                dirs[run.id] = self._sizes.measure(Path(run.run_dir), keep, stamp, now)
+        size = self._size(facts, dirs, now)
+        self._sizes.forget_unseen()
         return _Plan(facts=facts, dirs=dirs, size=size, leased=leased)
 
-    def _size(self, facts: rows.Facts, dirs: dict[str, files.DirBytes]) -> StateSize:
+    def _size(self, facts: rows.Facts, dirs: dict[str, files.DirBytes], now: float) -> StateSize:
         size = StateSize(database=facts.db_files, measured_at=self._clock())
         known = {Path(r.run_dir).name for r in facts.runs if r.id in dirs}
         size.runs = sum(d.removable for d in dirs.values())
@@ -253,7 +259,11 @@ class Retention:
         except OSError:
             leftovers = []
         for path in leftovers:  # what removed runs left: their checkpoints
-            size.checkpoints += files.measure(path, []).removable
+            try:
+                stamp: object | None = ("left", path.stat().st_mtime_ns)
+            except OSError:
+                stamp = None
+            size.checkpoints += self._sizes.measure(path, [], stamp, now).removable
         return size
 
     def _measure_now(self) -> StateSize:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpud.retention.files import keep_paths, measure, remove_run_dir
+from gpud.retention.files import MEASURED_FOR_S, Sizes, keep_paths, measure, remove_run_dir
 
 
 def run_dir(root: Path, name: str = "r1") -> Path:
@@ -66,3 +66,34 @@ def test_a_symlink_is_removed_never_followed(tmp_path: Path) -> None:
     (path / "link").symlink_to(precious)
     remove_run_dir(path, tmp_path / "runs", keep_paths(str(path / "checkpoints"), None))
     assert not (path / "link").exists() and (precious / "data").exists()
+
+
+def test_a_dir_that_holds_still_is_measured_once_and_again_when_its_stamp_moves(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "run"
+    path.mkdir()
+    (path / "output.log").write_bytes(b"x" * 100)
+    sizes = Sizes()
+    assert sizes.measure(path, [], ("failed", 1.0), now=0.0).removable == 100
+    (path / "later.log").write_bytes(b"y" * 50)  # (nothing writes to an ended run's dir)
+    assert sizes.measure(path, [], ("failed", 1.0), now=10.0).removable == 100  # kept
+    assert sizes.measure(path, [], ("failed", 2.0), now=10.0).removable == 150  # resumed
+    assert sizes.measure(path, [], None, now=11.0).removable == 150  # live: every time
+    (path / "more.log").write_bytes(b"z" * 25)
+    assert sizes.measure(path, [], None, now=12.0).removable == 175
+    assert sizes.measure(path, [], ("ok", 3.0), now=13.0).removable == 175
+    (path / "last.log").write_bytes(b"w" * 5)
+    assert sizes.measure(path, [], ("ok", 3.0), now=13.0 + MEASURED_FOR_S).removable == 180
+
+
+def test_sizes_let_go_of_dirs_no_longer_measured(tmp_path: Path) -> None:
+    sizes = Sizes()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        sizes.measure(tmp_path / name, [], "ended", now=0.0)
+    sizes.forget_unseen()
+    sizes.measure(tmp_path / "a", [], "ended", now=1.0)
+    sizes.forget_unseen()  # b's run is gone
+    (tmp_path / "b" / "f").write_bytes(b"1234")
+    assert sizes.measure(tmp_path / "b", [], "ended", now=2.0).removable == 4  # measured anew
