@@ -48,8 +48,9 @@ class GoodputKeeper:
             if not run.is_coordinator or run.state.terminal:
                 continue
             clock = self._clock(run)
-            clock.advance(now, _state(run), run.attempt, run.next_restart_at is not None)
-            moved = self._state.get(run.id) != (state := (_state(run), run.attempt))
+            state = (_state(run), run.attempt)
+            clock.advance(now, *state, run.next_restart_at is not None)
+            moved = self._state.get(run.id) != state
             self._state[run.id] = state
             health = self.health.get(run.id)
             if health is not None and health.stall is not None and health.attempt == run.attempt:

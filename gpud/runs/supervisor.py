@@ -17,7 +17,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sized
 from pathlib import Path
 
 from gpud.auth import Caller, PeerKeys
@@ -502,7 +502,7 @@ class Supervisor:
             # Node 0 starts it once every node joined and can give its part (all or none).
             why = "waiting for every node to join"
             return self._queue(run, master_addr, caller, why, warnings)
-        if spec.preflight and gpus and not req.dry_run and not self.leases.hardware().simulated:
+        if spec.preflight and not req.dry_run and self._real_gpus(gpus):
             # Real GPUs: the first attempt starts as any other does, after their matmul and
             # memory test (`Gang.start_attempt`; 4-7 s on an H100); refused, the run is
             # cancelled and the reply says why (a GPU that failed it is quarantined).
@@ -787,7 +787,7 @@ class Supervisor:
             why = f"no torch for {python}: the check cannot run"
             return PartPreflight(node_rank=run.node_rank, ok=False, error=why)
         gpus = [g.index for g in self.leases.held(run.id, attempt)]
-        real = gpus and not self.leases.hardware().simulated
+        real = self._real_gpus(gpus)
         backend = "nccl" if real and spec.backend != "gloo" else "gloo"
         found = await collective.run_check(
             python, run.node_rank, master, world, rank, backend, gpus
@@ -802,7 +802,11 @@ class Supervisor:
         return found
 
     def holds_real_gpus(self, run: RunRecord, attempt: int) -> bool:
-        return bool(self.leases.held(run.id, attempt)) and not self.leases.hardware().simulated
+        return self._real_gpus(self.leases.held(run.id, attempt))
+
+    def _real_gpus(self, gpus: Sized) -> bool:
+        """Some GPUs, and real ones (a simulated node's get no GPU check)."""
+        return bool(gpus) and not self.leases.hardware().simulated
 
     def gang_status(self, req: PartStatusRequest, caller: Caller) -> GangStatus:
         """`run.gang.status`: one of the run's other nodes asks where node 0 has it."""
