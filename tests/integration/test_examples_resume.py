@@ -248,3 +248,28 @@ def test_plain_script_resumes_exactly(tmp_path: Path) -> None:
         return model
 
     assert_same_weights(weights("whole"), weights("parted"))
+
+
+@pytest.mark.parametrize("example", ["ddp", "accelerate"])
+def test_a_resume_from_the_last_steps_checkpoint_ends_at_once(tmp_path: Path, example: str) -> None:
+    """A run stopped just as it finished (Slurm's time-limit signal on the last step) is
+    resumed from its last step's checkpoint: nothing is left to train, and it succeeds."""
+    if example == "ddp":
+        argv, extra = torchrun("ddp.py", *TOY), {}
+    else:
+        argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                "--num_machines=1", "--num_processes=2", "--mixed_precision=no",
+                "--dynamo_backend=no", f"--main_process_port={free_port()}",
+                str(EXAMPLES / "accelerate_train.py"), *TOY]  # fmt: skip
+        extra = {"ACCELERATE_USE_CPU": "1"}
+    whole = launch(argv, gpud_env(tmp_path, GPUD_CHECKPOINT_EVERY="20", **extra))
+    assert whole.code == 0, whole.output
+    last = tmp_path / "ckpt" / f"step_{STEPS - 1:08d}.pt"
+    assert last.exists(), sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    (tmp_path / "final.pt").unlink()
+    resumed = launch(argv, gpud_env(tmp_path, GPUD_RESUME_FROM=str(last), **extra))
+    assert resumed.code == 0, resumed.output
+    assert f"resumed from {last} at step {STEPS}" in resumed.output
+    assert f"done: {STEPS} steps" in resumed.output and "none left to train" in resumed.output
+    assert LOGGED_STEP.search(resumed.output) is None, "it trained a step past its last"
+    assert (tmp_path / "final.pt").exists()

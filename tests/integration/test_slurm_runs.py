@@ -57,7 +57,8 @@ def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole
 ) -> None:
     # Longer than the first run can be: Slurm sends the signal 40 s before the 1-minute
     # limit, give or take its ~30 s timer, and kills the job at the limit at the latest.
-    steps = 3000
+    # The model does ~100 steps/s here: 3,000 steps were done 30 s in, before the signal.
+    steps = 8000
     spec = write_spec(tmp_path, "timed", steps=steps, time="1", signal_before_s=40, requeue=True)
     run_id, job = submit(spec)
     ends = run_dir(tmp_path, run_id) / "ends.jsonl"

@@ -23,7 +23,7 @@ import trainers
 from trainers.checkpoint import Checkpointer
 from trainers.data import ResumableBatches, ResumableDistributedSampler
 from trainers.distributed import init_distributed
-from trainers.examples.toy import ToyModel, common_args, save_final, synthetic_dataset
+from trainers.examples.toy import ToyModel, common_args, done_line, save_final, synthetic_dataset
 
 
 def main() -> None:
@@ -81,6 +81,7 @@ def main() -> None:
     stream = iter(batches)
     every = run.env.checkpoint_every
     step = start
+    final: float | None = None  # the last step's loss; None if none was left to train
     while step < args.steps:
         total = 0.0
         with run.count_flops():  # the first step's FLOPs, counted once: gpud's MFU
@@ -103,6 +104,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
         lr = float(schedule.get_last_lr()[0])
+        final = total
         run.log(step, loss=total, lr=lr)
         if rank == 0 and step % args.log_every == 0:
             print(f"step {step} loss {total:.5f} lr {lr:.5f}", flush=True)
@@ -118,7 +120,7 @@ def main() -> None:
 
     if rank == 0:
         save_final(model.state_dict(), args.out, run.env.run_dir)
-        print(f"done: {args.steps} steps, final loss {total:.5f}", flush=True)
+        print(done_line(args.steps, final), flush=True)
     run.finish()
 
 

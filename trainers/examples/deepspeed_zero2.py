@@ -28,7 +28,7 @@ import trainers
 from trainers.checkpoint import Checkpointer
 from trainers.data import ResumableBatches, ResumableDistributedSampler
 from trainers.distributed import init_distributed
-from trainers.examples.toy import ToyModel, common_args, save_final, synthetic_dataset
+from trainers.examples.toy import ToyModel, common_args, done_line, save_final, synthetic_dataset
 
 
 def deepspeed_config(path: str | None, args: Any) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def main() -> None:
     stream = iter(batches)
     every = run.env.checkpoint_every
     step = start
-    total = 0.0
+    final: float | None = None  # the last step's loss; None if none was left to train
     while step < args.steps:
         total = 0.0
         # The first step's FLOPs, counted once (gpud's MFU): the engine's forward and
@@ -142,6 +142,7 @@ def main() -> None:
                 engine.step()  # an optimizer step only at the accumulation boundary
         # Here, and only here, an optimizer step has just completed: the place to stop.
         lr = float(engine.get_lr()[0])
+        final = total
         run.log(step, loss=total, lr=lr)
         if rank == 0 and step % args.log_every == 0:
             print(f"step {step} loss {total:.5f} lr {lr:.5f}", flush=True)
@@ -158,7 +159,7 @@ def main() -> None:
     if rank == 0:
         # ZeRO-2 keeps whole parameters on every rank (in the training dtype).
         save_final(engine.module.state_dict(), args.out, run.env.run_dir)
-        print(f"done: {args.steps} steps on {device.type}, final loss {total:.5f}", flush=True)
+        print(done_line(args.steps, final, device.type), flush=True)
     run.finish()
 
 

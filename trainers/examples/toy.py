@@ -84,3 +84,12 @@ def save_final(state: dict[str, torch.Tensor], out: str | None, run_dir: str | N
     path = directory / "final.pt"
     torch.save(state, path)
     return path
+
+
+def done_line(steps: int, loss: float | None, where: str = "") -> str:
+    """`done: 40 steps on cpu, final loss 0.01234`; a run resumed from its last step's
+    checkpoint (stopped just as it finished) has no step left: it says so and ends."""
+    on = f" on {where}" if where else ""
+    if loss is None:
+        return f"done: {steps} steps{on}, none left to train after the resume"
+    return f"done: {steps} steps{on}, final loss {loss:.5f}"
