@@ -96,6 +96,26 @@ class Goodput(Reading):
         wall = self.wall_s
         return self.seconds[Bucket.TRAINING.value] / wall if wall > 0 else None
 
+    def carried_to(self, now: float, state: str, attempt: int, stepped: bool) -> Goodput:
+        """This account carried on to `now` while the run is in `state`, as node 0 will
+        count it: a viewer's live reading between the records node 0 stores (when the run
+        moves, at each attempt's first step). `stepped`: the attempt has made a step."""
+        if self.ended or now <= self.until:
+            return self
+        last = self.attempts[-1] if self.attempts else None
+        current = last if last is not None and last.attempt == attempt else None
+        stepped = stepped or (current is not None and current.first_step is not None)
+        bucket = bucket_of(state, attempt, stepped, self.stalled)
+        if bucket is None:
+            return self
+        seconds = dict(current.seconds) if current is not None else {}
+        seconds[bucket.value] = seconds.get(bucket.value, 0.0) + (now - self.until)
+        if current is not None:
+            attempts = [*self.attempts[:-1], current.model_copy(update={"seconds": seconds})]
+        else:
+            attempts = [*self.attempts, AttemptGoodput(attempt=attempt, seconds=seconds)]
+        return self.model_copy(update={"until": now, "attempts": attempts})
+
     def line(self, width: int = 20) -> str:
         """`goodput 72% [███▒▒░░…] training 7m12s · starting 41s · …` for `gpuctl status`."""
         ratio = self.ratio

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from tui.screens.confirm import ConfirmScreen
 from tui.screens.run import RunScreen
 
 SHORT = ("training.max_steps=100000", FAST)
+#: The Run screen's goodput line: `goodput 72% [███░] training 7.2s · starting 4.1s (wall 11.3s)`
+GOODPUT = re.compile(r"goodput (\d+)% \[[^\]]*\] ([^(]*)\(wall ([^)]+)\)")
 
 
 def flat(text: str) -> str:
@@ -181,6 +184,19 @@ async def test_a_real_run_end_to_end_then_stop_and_resume_it_from_the_ui(
                 assert run_id in model.nodes[key].run_ids
             text = screen_text(app)
             assert "cpu-ddp · running" in text and "torchrun/gloo" in text and "1×2 procs" in text
+
+            # Goodput on the Run screen moves with the training, not only when node 0
+            # stores it (when the run moves): training time grows second by second.
+            def goodput() -> tuple[int, str, str] | None:
+                found = GOODPUT.search(screen_text(app))
+                return None if found is None else (int(found[1]), found[2], found[3])
+
+            await settle(pilot, lambda: (goodput() or (0, "", ""))[0] > 0, 30, "goodput > 0")
+            first = goodput()
+            await pilot.pause(2.5)
+            later = goodput()
+            assert first is not None and later is not None, screen_text(app)
+            assert "training" in later[1] and later[2] != first[2], (first, later)
 
             def owned() -> bool:  # ranks show as load on simulated GPUs, mapped back
                 with model.lock:

@@ -10,6 +10,7 @@ them.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -179,14 +180,22 @@ class RunView:
             return full.flops_per_second, full.mfu
         return self.last_flops
 
-    def goodput(self) -> Goodput | None:
-        """Node 0's account of the run's wall time: the newer of its record's and the one
-        fetched with its status."""
+    def goodput(self, now: float | None = None) -> Goodput | None:
+        """Node 0's account of the run's wall time (the newer of its record's and the one
+        fetched with its status), carried on to `now` in the bucket the run is in: node 0
+        stores it only when the run moves, so a training run's would read as it started."""
         stored = self.parts[0].goodput if 0 in self.parts else None
         fetched = self.fetched_goodput
+        account = stored
         if stored is None or (fetched is not None and fetched.until >= stored.until):
-            return fetched
-        return stored
+            account = fetched
+        if account is None or not self.active:
+            return account
+        s = self.summary
+        progressed = self.progress_attempt == s.attempt and len(self.progress) > 1
+        stepped = progressed and self.progress[-1][1] > self.progress[0][1]
+        when = time.time() if now is None else now
+        return account.carried_to(when, s.state.value, s.attempt, stepped)
 
     def mfu_history(self) -> list[float]:
         """Recent MFU, oldest first; the FLOP rate where MFU is n/a (a simulated GPU)."""

@@ -168,7 +168,9 @@ class RunHeader(Static):
     _key: tuple[object, ...] | None = None
 
     def show(self, run: RunView, metric: str, efficiency: LiveEfficiency | None = None) -> None:
-        key = (run.id, run.version, metric, efficiency)
+        # A live run's goodput moves with the clock, not only with its records.
+        second = int(time.time()) if run.active else None
+        key = (run.id, run.version, metric, efficiency, second)
         if key != self._key:
             self._key = key
             self.update(header_text(run, metric, efficiency))

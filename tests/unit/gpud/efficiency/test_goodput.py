@@ -146,3 +146,24 @@ def test_a_resumed_run_counts_again_from_its_resume() -> None:
     g = again.record()
     assert not g.ended and g.wall_s == pytest.approx(14.0)
     assert g.attempts[-1].seconds["restarting"] == pytest.approx(4.0)
+
+
+def test_a_viewer_carries_a_stored_account_on_in_the_bucket_the_run_is_in() -> None:
+    """gputop's live reading: node 0 stored the account as the run went running (before
+    its first step); 30 s later, training, it reads 30 s more of training."""
+    c = GoodputClock(Goodput(until=0.0))
+    c.advance(10.0, "starting", 1)
+    stored = c.record()
+    trained = stored.carried_to(40.0, "running", 1, stepped=True)
+    assert trained.seconds["starting"] == 10.0 and trained.seconds["training"] == 30.0
+    assert trained.until == 40.0 and trained.ratio == pytest.approx(0.75)
+    assert stored.seconds["training"] == 0.0  # the stored account is left as it was
+    unstepped = stored.carried_to(40.0, "running", 1, stepped=False)
+    assert unstepped.seconds["starting"] == 40.0
+    # A next attempt the record does not hold yet: restarting until it steps.
+    second = stored.carried_to(15.0, "starting", 2, stepped=False)
+    assert [(a.attempt, a.seconds) for a in second.attempts][-1] == (2, {"restarting": 5.0})
+    assert stored.carried_to(5.0, "running", 1, stepped=True) is stored  # not after `until`
+    assert stored.carried_to(40.0, "succeeded", 1, stepped=True) is stored  # ended: nothing
+    stalled = stored.model_copy(update={"stalled": True})
+    assert stalled.carried_to(40.0, "running", 1, stepped=True).seconds["stalled"] == 30.0
