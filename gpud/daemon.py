@@ -402,7 +402,7 @@ class Daemon:
 
     def _on_trainer_message(self, kind: str, message: TrainerMessage) -> None:
         if self._supervisor is not None:
-            self._supervisor.on_trainer_message(kind, message)
+            self._supervisor.intake.on_trainer_message(kind, message)
 
     def _make_socket(
         self, kind: int, server_secret: bytes | None, domain: str

@@ -4,7 +4,9 @@ It serves the run requests (launch, join, stop, resume and the part calls node 0
 starts and stops this node's `Part`s, follows their logs and settles their endings. The
 run records and every state change live in the `RunBook` (`book.py`); node 0's gang logic
 (polling the other nodes, lost parts, failure propagation, restarts) in `Gang`
-(`gang.py`), which starts and stops this node's part through `start_part`/`stop_part`.
+(`gang.py`), which starts and stops this node's part through `start_part`/`stop_part`;
+what the parts print and the trainers send is taken in by `Intake` (`intake.py`), and
+hangs are found by `HangWatch` (`hangs.py`).
 
 Everything runs on the daemon's event loop: requests arrive through the control server,
 trainer messages through the ingest, and `tick()` drives parts forward four times a
@@ -25,8 +27,6 @@ from gpud.heal import collective
 from gpud.ingest import Ingest
 from gpud.keys import KeyPair
 from gpud.ledger import CpuLedger
-from gpud.patterns.extract import MetricExtractor
-from gpud.patterns.follower import Found, PatternThread
 from gpud.protocol import (
     ErrorCode,
     GangStatus,
@@ -49,20 +49,12 @@ from gpud.protocol import (
     RunStartRequest,
     RunSummary,
     StopRequest,
-    run_topic,
 )
 from gpud.runmodel import (
     AttemptRecord,
-    CauseKind,
-    CheckpointRef,
-    FailureCause,
-    HeartbeatMessage,
-    MetricPoint,
     NodeRef,
-    ProbeMessage,
     RunRecord,
     RunState,
-    TrainerMessage,
     can_move,
     gpus_text,
     new_run_id,
@@ -74,8 +66,9 @@ from gpud.runs.book import Publish, RunBook, check_coordinator, check_member
 from gpud.runs.checkpoints import ResumePoint, explicit_checkpoint, unset_dir_warning
 from gpud.runs.goodput import GoodputKeeper
 from gpud.runs.gpus import Gpu
+from gpud.runs.hangs import HangWatch
+from gpud.runs.intake import Intake
 from gpud.runs.leases import GpuLeases
-from gpud.runs.logparse import classify, split_rank
 from gpud.runs.part import Outcome, Part
 from gpud.runs.ports import NoFreePort, pick_port
 from gpud.runs.queries import Queries
@@ -109,11 +102,6 @@ TICK_S = 0.25
 IDLE_TICK_S = 1.0
 #: The same tick failure again is logged (with its count) at most this often.
 TICK_FAILURE_REPORT_S = 60.0
-#: How much of a part's output is read between two yields to the loop, and per tick.
-SLICE_BYTES = 64 * 1024
-READ_PER_TICK = 1 << 20
-#: What a settling part's log may still hold: a leftover writing on must not keep us here.
-READ_AT_SETTLE = 256 << 20
 STOP_RESEND_S = 1.0
 PIDS_EVERY_S = 2.0
 EXPIRE_EVERY_S = 5.0
@@ -158,17 +146,18 @@ class Supervisor:
         self.book = RunBook(node, store, publish, clock)
         self.telemetry = Telemetry(self.book, hardware)
         self.book.on_ended.append(self.telemetry.final)
-        # A thread finishing an ended run's last lines still delivers them.
-        self.book.on_ended.append(self._forget_patterns)
         self.gang = gang.Gang(self.book, self, keys, self.telemetry.set_peer_health)
         self.goodput = GoodputKeeper(self.book, self.telemetry.health)
+        #: what the runs say: their output and their trainers' messages
+        self.intake = Intake(node, self.book, store, self.telemetry, self.goodput,
+                             self.ledger, clock)  # fmt: skip
+        self.hangs = HangWatch(self.book, self.telemetry, self.gang)
         self.queries = Queries(self.book, self.gang, self.telemetry, self.goodput)
         self.attached_runs = AttachedRuns(
             self.book, peer_keys, node=node, server_key=keys.public_text if keys else None,
             config=attach or AttachConfig(control="", ingest=""),
         )  # fmt: skip
         self.leases = GpuLeases(node, store, hardware, self._run_name, clock)
-        self._patterns: dict[str, PatternThread] = {}
         #: What else may explain a part's end before it is recorded (gpud.heal's
         #: quarantine): each takes the outcome and returns it, or a better one.
         self.explain: list[Callable[[RunRecord, Part, Outcome], Outcome]] = []
@@ -179,7 +168,6 @@ class Supervisor:
         #: Who else lets go of a run retention removed (the publisher's topics).
         self.on_forget: list[Callable[[str], None]] = []
         self._last_stop_sent: dict[str, float] = {}
-        self._hangs: dict[str, int] = {}  # run → the attempt already stopped as hung
         self._last_pids: dict[str, float] = {}
         self._last_expire = 0.0
         self._work = asyncio.Event()
@@ -907,58 +895,6 @@ class Supervisor:
         )
         return self.book.summary(run)
 
-    # ================================================================== trainers
-
-    def on_trainer_message(self, kind: str, message: TrainerMessage) -> None:
-        run = self.book.get(message.run)
-        part = self.book.part(message.run)
-        if run is None or part is None or message.attempt != part.record.attempt:
-            return  # a late message from an earlier attempt, or a stranger
-        if isinstance(message, HeartbeatMessage):
-            self.telemetry.heartbeat(run, message)
-            if message.step is not None:  # progress between the logged steps (goodput)
-                with self.ledger.charge("goodput"):
-                    self.goodput.stepped(run, message.attempt, message.step, self.clock())
-        elif isinstance(message, ProbeMessage):
-            self.telemetry.probe(run, message)
-        elif kind == "hello":
-            if not part.record.library:
-                self.book.update_part(part, library=True)
-        elif kind == "metrics":
-            point = MetricPoint(
-                run_id=run.id,
-                attempt=message.attempt,
-                step=message.step,  # type: ignore[attr-defined]
-                time=message.time,
-                values=message.values,  # type: ignore[attr-defined]
-            )
-            self._record_metrics(run, [point])
-        elif kind in ("checkpoint", "stopped"):
-            path = getattr(message, "path", None) or getattr(message, "checkpoint", None)
-            step = getattr(message, "step", None)
-            if path:
-                ref = CheckpointRef(path=path, step=step, time=message.time)
-                self.book.update(run.id, last_checkpoint=ref)
-            took = getattr(message, "seconds", None)
-            if took:  # what the save took was training time no more
-                with self.ledger.charge("goodput"):
-                    self.goodput.checkpointed(run, message.attempt, took)
-            if kind == "stopped":
-                self.book.event(run, "checkpoint", f"stopped at step {step}; checkpoint {path}")
-        elif kind == "finished":
-            finished = getattr(message, "exit_code", 1) == 0
-            if finished and not part.record.finished:  # every rank says so; record it once
-                self.book.update_part(part, finished=True)
-
-    def _record_metrics(self, run: RunRecord, points: list[MetricPoint]) -> None:
-        self.store.add_metrics(points)
-        newest = max(points, key=lambda p: p.step)
-        self.book.note_step(run.id, newest.step)
-        self.telemetry.stepped(run, newest.attempt, newest.step)
-        with self.ledger.charge("goodput"):
-            self.goodput.stepped(run, newest.attempt, newest.step, self.clock())
-        self.book.publish(run_topic(run.id, "metrics"), gang.metrics_event(run.id, points))
-
     # ================================================================== the tick
 
     async def serve(self) -> None:
@@ -1002,7 +938,7 @@ class Supervisor:
         for run, part in self.book.busy_parts():
             if part.log_done:
                 continue
-            moved = await self._follow_log(run, part)
+            moved = await self.intake.follow_log(run, part)
             if part.record.state.terminal:
                 # Ended, and its log read to the end: not opened again each tick (with a
                 # thousand finished runs kept, that cost an idle daemon 5 % of a core).
@@ -1025,82 +961,8 @@ class Supervisor:
         self.telemetry.tick(now)
         with self.ledger.charge("goodput"):
             self.goodput.tick(now)
-        self._find_hangs(now)
+        self.hangs.check(now)
         await self.gang.tick(now)
-
-    def _find_hangs(self, now: float) -> None:
-        """A run health has called stalled for its `restart.hang_timeout_s` is a hang."""
-        for run in self.book.ticked():
-            health = self.telemetry.health.get(run.id)
-            if health is None or health.stall is None:
-                continue
-            run_id, stall = run.id, health.stall
-            if self._hangs.get(run_id) == health.attempt:
-                continue
-            if run.state is not RunState.RUNNING or run.attempt != health.attempt:
-                continue
-            if run.attached is not None:
-                continue  # gpud never stops what it did not start: the health says stalled
-            timeout = _spec_of(run).restart.hang_timeout_s
-            if timeout is None or stall.stuck_for_s < timeout:
-                continue
-            self._hangs[run_id] = health.attempt
-            who = f"rank {stall.rank}" if stall.rank is not None else "every rank"
-            cause = FailureCause(
-                kind=CauseKind.HANG,
-                summary=f"stalled for {stall.stuck_for_s:.0f}s"
-                f" (restart.hang_timeout_s {timeout:g}): {stall.why}",
-                rank=stall.rank,
-                source="health",
-                attempt=run.attempt,
-                time=now,
-            )
-            log.warning("run %s: %s made no progress: a hang", run_id, who)
-            self.gang.hang(run, cause)
-
-    async def _follow_log(self, run: RunRecord, part: Part, *, to_end: bool = False) -> int:
-        """Read what the part printed since the last tick, a slice at a time, yielding to
-        the loop between slices: a run printing megabytes a second never holds up a
-        control reply for longer than one slice takes. Up to READ_PER_TICK a tick, or
-        what is left (`to_end`, as the part settles; READ_AT_SETTLE at most). Returns how
-        far the log's offset moved."""
-        read = 0
-        while read < (READ_AT_SETTLE if to_end else READ_PER_TICK):
-            before = part.record.log_offset
-            lines = part.read_lines(SLICE_BYTES)
-            moved = part.record.log_offset - before
-            if lines:
-                self._take_lines(self.book.get(run.id) or run, part, lines)
-            if not moved:
-                return read
-            read += min(moved, SLICE_BYTES)  # more: it passed where a bounded log dropped
-            await asyncio.sleep(0)
-            if self.book.part(run.id) is not part:
-                return read  # the part was replaced (a new attempt) while we yielded
-        return read
-
-    def _pattern_thread(self, run: RunRecord) -> PatternThread:
-        """The run's metric patterns (one thread, kept across attempts, so a pattern
-        disabled for the run stays disabled); made on first use, so an adopted or
-        attached run has them too."""
-        thread = self._patterns.get(run.id)
-        if thread is None:
-            extractor = MetricExtractor([m.pattern for m in _spec_of(run).metrics])
-            loop = asyncio.get_running_loop()
-            run_id = run.id
-
-            def deliver(found: Found) -> None:
-                loop.call_soon_threadsafe(self._on_found, run_id, found)
-
-            thread = PatternThread(run.id, extractor, deliver)
-            self._patterns[run.id] = thread
-            refused = extractor.take_disabled()
-            if refused:
-                self._on_found(run.id, Found(disabled=refused))
-        return thread
-
-    def _forget_patterns(self, run: RunRecord) -> None:
-        self._patterns.pop(run.id, None)
 
     # ================================================================== retention
 
@@ -1124,63 +986,12 @@ class Supervisor:
         self.telemetry.forget(run_id)
         self.goodput.forget(run_id)
         self.gang.forget(run_id)
-        self._patterns.pop(run_id, None)
-        self._hangs.pop(run_id, None)
+        self.intake.forget(run_id)
+        self.hangs.forget(run_id)
         self._last_stop_sent.pop(run_id, None)
         self._last_pids.pop(run_id, None)
         for hear in self.on_forget:
             hear(run_id)
-
-    def _on_found(self, run_id: str, found: Found) -> None:
-        """On the loop: what a run's pattern thread found."""
-        run = self.book.get(run_id)
-        if run is None:
-            return
-        for disabled in found.disabled:
-            log.warning("run %s: %s", run_id, disabled.line())
-            self.book.event(run, "metrics_pattern", disabled.line(), "warning")
-        if found.dropped:
-            self.book.event(
-                run, "metrics_pattern", f"{found.dropped} output line(s) came faster than the"
-                " metrics patterns could match them and were not examined", "warning",
-            )  # fmt: skip
-        points = [
-            MetricPoint(run_id=run_id, attempt=p.attempt, step=p.step, time=p.time,
-                        values=p.values)
-            for p in found.points
-        ]  # fmt: skip
-        if points:
-            self._record_metrics(run, points)
-
-    def _take_lines(self, run: RunRecord, part: Part, lines: list[str]) -> None:
-        record = part.record
-        if record.state is RunState.STARTING:
-            part.update(state=RunState.RUNNING, state_since=self.clock())
-            current = self.book.get(run.id) or run
-            if current.state in (RunState.STARTING, RunState.PENDING):
-                run = self.book.move(run.id, RunState.RUNNING, f"attempt {record.attempt}")
-        self.store.put_attempt(part.record)
-        self.telemetry.output(run, record.attempt)
-        self.book.publish(run_topic(run.id, "log"), gang.log_event(self.node, run, part, lines))
-        rank0: list[str] = []
-        for line in lines:
-            local, text = split_rank(line)
-            trouble = classify(text)
-            if trouble is not None:
-                self.telemetry.trouble(run, record.attempt, trouble.kind, text.strip())
-                rank = None if local is None else run.node_rank * record.nproc + local
-                self.book.event(
-                    run,
-                    trouble.kind,
-                    f"{trouble.meaning}: {text.strip()[:300]}",
-                    trouble.severity,
-                    rank=rank,
-                )
-            if local in (None, 0):
-                rank0.append(text)
-        if run.node_rank == 0 and rank0:
-            # Never on the loop: a user's pattern may be slow (gpud.patterns.follower).
-            self._pattern_thread(run).feed(record.attempt, rank0, self.clock())
 
     def _keep_stopping(self, run: RunRecord, part: Part, now: float) -> None:
         if part.record.library and now - self._last_stop_sent.get(run.id, 0.0) >= STOP_RESEND_S:
@@ -1192,7 +1003,7 @@ class Supervisor:
             self.book.event(run, "stop", f"{signalled} on {self.node}")
 
     async def _settle(self, run: RunRecord, part: Part, outcome: Outcome) -> None:
-        await self._follow_log(run, part, to_end=True)
+        await self.intake.follow_log(run, part, to_end=True)
         now = self.clock()
         snapshot = self.hardware()
         outcome = blame_hardware(snapshot.gpus, part, outcome, now)
