@@ -48,7 +48,7 @@ from gpud.hardware.events import detect_events
 from gpud.hardware.host import HostSampler
 from gpud.hardware.node import NodeSampler, open_gpu_sampler
 from gpud.heal.holds import Holds
-from gpud.heal.service import Healing
+from gpud.heal.service import Healing, acknowledged
 from gpud.ingest import Ingest
 from gpud.keygate import KeyGate
 from gpud.keys import (
@@ -310,6 +310,7 @@ class Daemon:
         self._healing = Healing(
             Holds(self._store, s.node_name, self._clock), self._supervisor,
             self._snapshot, self._replace_latest, self._emit_node_events,
+            self._sampler.gpus.acknowledge_xids,
         )  # fmt: skip
         self._notify = Notifier(
             list(s.notify), s.node_name, _peer_endpoint(s.control).removeprefix("tcp://"),
@@ -561,6 +562,10 @@ class Daemon:
     def _ack_events(self, body: AckEventsRequest, caller: Caller) -> AckEventsReply:
         assert self._sampler is not None
         cleared = self._sampler.gpus.acknowledge_xids(body.gpu_index)
+        if self._latest is not None:  # as the next sample will read (a preflight now too)
+            every = {g.index for g in self._latest.gpus}
+            which = every if body.gpu_index is None else {body.gpu_index} & every
+            self._latest = acknowledged(self._latest, which, self._clock())
         log.info("%s acknowledged %d XID event(s)", caller.name, cleared)
         return AckEventsReply(acknowledged=cleared)
 

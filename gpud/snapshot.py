@@ -78,6 +78,11 @@ class XidSummary(Reading):
     counts: dict[int, int] = Field(default_factory=dict, description="XID code → count")
     recent: list[XidRecord] = Field(default_factory=list, description="newest last, bounded")
     unacknowledged: int = Field(0, description="events since an operator last acknowledged")
+    acknowledged_at: float | None = Field(
+        None,
+        description="when an operator last acknowledged them (or undrained the GPU): a"
+        " preflight looks only at XIDs since",
+    )
 
 
 class Hold(Reading):

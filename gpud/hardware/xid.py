@@ -24,6 +24,7 @@ class XidTracker:
         self._counts = [Counter[int]() for _ in range(gpu_count)]
         self._recent = [deque[XidRecord](maxlen=RECENT_XIDS) for _ in range(gpu_count)]
         self._unacked = [0] * gpu_count
+        self._acked_at: list[float | None] = [None] * gpu_count
 
     def record(self, gpu_index: int, code: int) -> None:
         with self._lock:
@@ -39,14 +40,19 @@ class XidTracker:
                 counts=dict(counts),
                 recent=list(self._recent[gpu_index]),
                 unacknowledged=self._unacked[gpu_index],
+                acknowledged_at=self._acked_at[gpu_index],
             )
 
     def acknowledge(self, gpu_index: int | None) -> int:
+        """Mark the GPU's events (every GPU's: None) handled: counted no more as
+        unacknowledged, and no reason for a preflight to keep the GPU out."""
         with self._lock:
             indexes = range(len(self._unacked)) if gpu_index is None else [gpu_index]
             cleared = 0
+            now = self._clock()
             for i in indexes:
                 if 0 <= i < len(self._unacked):
                     cleared += self._unacked[i]
                     self._unacked[i] = 0
+                    self._acked_at[i] = now
             return cleared

@@ -9,7 +9,9 @@ another, or says why it cannot), and is looked at afresh for the next:
   `hw_power_brake_slowdown`, `sw_thermal_slowdown`): a run on it would be the gang's
   straggler from its first step;
 - **an XID in the last `XID_WINDOW_S`**, other than those an application causes (13, 31,
-  43, 45) — the fatal ones quarantine the GPU outright (`rules.FATAL_XIDS`);
+  43, 45) and those an operator has acknowledged since (`node.events.ack`, or undrain of
+  the GPU: the XID that quarantined it was handled) — the fatal ones quarantine the GPU outright
+  (`rules.FATAL_XIDS`);
 - **memory held by no process NVML lists** (over `UNLISTED_MEMORY_BYTES`): a rank of a run
   that ended, in another PID namespace or a zombie, still holding it; processes NVML does
   list make a GPU busy already (`gpud.runs.gpus.FOREIGN_MEMORY_BYTES`).
@@ -41,11 +43,14 @@ def findings(gpu: GpuSample, now: float) -> list[str]:
     slowed = sorted(SLOWDOWN_REASONS.intersection(gpu.clock_event_reasons or ()))
     if slowed:
         found.append(f"clocks slowed by the hardware ({', '.join(slowed)})")
+    handled = gpu.xid.acknowledged_at
     recent = sorted(
         {
             r.code
             for r in gpu.xid.recent
-            if now - r.time <= XID_WINDOW_S and r.code not in APPLICATION_XIDS
+            if now - r.time <= XID_WINDOW_S
+            and r.code not in APPLICATION_XIDS
+            and (handled is None or r.time > handled)
         }
     )
     if recent:

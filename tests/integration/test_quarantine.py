@@ -188,3 +188,33 @@ def test_an_operator_drains_and_undrains_a_node(daemon: RunningDaemon, tmp_path:
     assert done.count("node.drain") == 2 and done.count("node.undrain") == 1
     refusals = {(r["action"], r["code"]) for r in records if not r["ok"]}
     assert {("node.drain", "invalid_body"), ("node.drain", "forbidden")} <= refusals
+
+
+def test_a_queued_launch_waits_on_a_quarantined_gpu_and_starts_once_it_is_undrained(
+    daemons: Daemons, tmp_path: Path
+) -> None:
+    xids = tmp_path / "xids"
+    daemon = daemons(simulate_gpus=4, extra=("--simulate-xid-file", str(xids)))
+    xids.write_text("2:79\n")  # no run there: the GPU is quarantined all the same
+    until("GPU 2 quarantined", lambda: gpu_hold(daemon, 2) is not None, timeout=10)
+    spec = script_spec(
+        tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(600)", name="all4"
+    )
+    refused = gpuctl("--node", daemon.address, "launch", str(spec), "--set", "gpus=4")
+    assert refused.returncode != 0
+    (line,) = refused.stderr.strip().splitlines()
+    assert "GPU 2 quarantined: XID 79" in line, line
+    queued = gpuctl(
+        "--node", daemon.address, "--json", "launch", str(spec), "--set", "gpus=4", "--queue"
+    )
+    assert queued.returncode == 0, queued.stderr
+    run_id = json.loads(queued.stdout)["run"]["id"]
+    waiting = status(daemon, run_id).run
+    assert waiting.state is RunState.QUEUED and "GPU 2 quarantined" in (waiting.reason or "")
+    assert run_id in gpuctl("--node", daemon.address, "ps", "--active").stdout
+
+    done = gpuctl("--node", daemon.address, "undrain", daemon.address, "--gpu", "2")
+    assert done.returncode == 0, done.stderr
+    wait_for(daemon, run_id, {"running"}, timeout=30)
+    assert sorted(status(daemon, run_id).attempts[0].gpus) == [0, 1, 2, 3]
+    force_stop(daemon, run_id)

@@ -52,6 +52,17 @@ def test_a_recent_xid_fails_it_but_not_an_applications_nor_an_old_one() -> None:
     assert findings(gpu(xid=xids((92, NOW - XID_WINDOW_S - 1))), NOW) == []
 
 
+def test_an_xid_an_operator_acknowledged_fails_it_no_more_but_a_later_one_does() -> None:
+    handled = xids((79, NOW - 20)).model_copy(update={"acknowledged_at": NOW - 10})
+    assert findings(gpu(xid=handled), NOW) == []
+    again = handled.model_copy(
+        update={"recent": [*handled.recent, XidRecord(code=92, time=NOW - 5)]}
+    )
+    assert findings(gpu(xid=again), NOW) == [
+        "XID 92 (high single-bit ECC error rate) in the last 5 min"
+    ]
+
+
 def test_memory_no_listed_process_holds_fails_it() -> None:
     ghost = gpu(
         memory_used_bytes=9 * GIB, memory_reserved_bytes=GIB // 2,
