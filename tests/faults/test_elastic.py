@@ -8,7 +8,8 @@ accumulation raised so the global batch is kept; the run finishes with no step m
 from its metrics, and node 0's /metrics says 2 of 3 nodes. With a spare, the next attempt
 is back at three nodes. With `min_nodes: 3`, the run waits, queued, saying why (`queue:
 true`), or fails, saying why (without it). When the frozen node wakes, what is left of its
-part of the old attempt is stopped, and `gpuctl resize` brings it back in.
+part of the old attempt is stopped, and `gpuctl resize` brings it back in, as does the
+next automatic restart.
 """
 
 from __future__ import annotations
@@ -139,6 +140,57 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
         ),
         timeout=120,
     )
+    stopped = gpuctl("--node", nodes[0].address, "stop", run_id, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    last = status(nodes[0], run_id).run.last_step or 0
+    assert_no_gap(steps_recorded(nodes[0], run_id), last + 1)  # over three attempts
+    nothing_left(run_id, timeout=30)
+
+
+@pytest.mark.timeout(600)
+def test_a_node_that_came_back_rejoins_at_the_next_automatic_restart(daemons: Daemons) -> None:
+    """Node 2 froze and was left out of attempt 2; it came back. When a rank of attempt 2
+    then dies, the automatic restart asks every node again: attempt 3 is on all three,
+    with the spec's own gradient accumulation, resumed from the newest checkpoint."""
+    nodes = three(daemons)
+    run_id = launch(
+        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
+        nodes=tuple(n.address for n in nodes),
+    )  # fmt: skip
+    wait_for_step(nodes[0], run_id, 45)
+    with frozen(nodes[2], run_id, 2):
+        until(
+            "attempt 2 training on two nodes",
+            lambda: (
+                (s := status(nodes[0], run_id)).run.attempt == 2
+                and s.run.state is RunState.RUNNING
+                and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 25
+            ),
+            timeout=90,
+        )
+    until("node 2's old part stopped", lambda: not procs.tagged(run_id, node_rank=2), 30)
+    assert status(nodes[0], run_id).run.members == [0, 1]
+    ranks = [
+        p for p in procs.tagged(run_id, node_rank=1)
+        if "ddp.py" in (line := " ".join(p.cmdline())) and "torch.distributed.run" not in line
+    ]  # fmt: skip
+    assert len(ranks) == 1, [p.cmdline() for p in ranks]
+    for rank in ranks:  # node 1's rank dies: a failure, restarted by the spec's policy
+        rank.kill()
+    until(
+        "attempt 3 training on three nodes",
+        lambda: (
+            (s := status(nodes[0], run_id)).run.attempt == 3
+            and s.run.state is RunState.RUNNING
+            and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 5
+        ),
+        timeout=120,
+    )
+    s = status(nodes[0], run_id)
+    assert s.run.members == [0, 1, 2] and s.run.world_size == 3, s.run
+    second, third = s.attempts[1], s.attempts[2]
+    assert second.state is RunState.FAILED and third.grad_accum == 2, third  # the spec's
+    assert third.resume_from is not None
     stopped = gpuctl("--node", nodes[0].address, "stop", run_id, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
     last = status(nodes[0], run_id).run.last_step or 0
