@@ -85,6 +85,17 @@ def run_series(port: int, run_id: str) -> dict[str, float]:
     }
 
 
+def trains(node: RunningDaemon, run_id: str, attempt: int | None, past: int = 5) -> bool:
+    """The run is running (`attempt`, where given) and has made `past` steps since its
+    attempt's resume point."""
+    s = status(node, run_id)
+    return (
+        (attempt is None or s.run.attempt == attempt)
+        and s.run.state is RunState.RUNNING
+        and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + past
+    )
+
+
 @pytest.mark.timeout(600)
 def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons) -> None:
     port = free_port()
@@ -101,11 +112,7 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
         froze = time.monotonic()
         until(
             "attempt 2 training on two nodes",
-            lambda: (
-                (s := status(nodes[0], run_id)).run.attempt == 2
-                and s.run.state is RunState.RUNNING
-                and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 5
-            ),
+            lambda: trains(nodes[0], run_id, 2),
             timeout=90,
         )
         print(f"freeze to attempt 2 training: {time.monotonic() - froze:.1f}s")
@@ -134,10 +141,7 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
     assert third.run.members == [0, 1, 2] and third.attempts[-1].grad_accum == 2
     until(
         "attempt 3 training on three nodes",
-        lambda: (
-            (s := status(nodes[0], run_id)).run.state is RunState.RUNNING
-            and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 5
-        ),
+        lambda: trains(nodes[0], run_id, None),
         timeout=120,
     )
     stopped = gpuctl("--node", nodes[0].address, "stop", run_id, timeout=120)
@@ -161,11 +165,7 @@ def test_a_node_that_came_back_rejoins_at_the_next_automatic_restart(daemons: Da
     with frozen(nodes[2], run_id, 2):
         until(
             "attempt 2 training on two nodes",
-            lambda: (
-                (s := status(nodes[0], run_id)).run.attempt == 2
-                and s.run.state is RunState.RUNNING
-                and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 25
-            ),
+            lambda: trains(nodes[0], run_id, 2, 25),
             timeout=90,
         )
     until("node 2's old part stopped", lambda: not procs.tagged(run_id, node_rank=2), 30)
@@ -179,11 +179,7 @@ def test_a_node_that_came_back_rejoins_at_the_next_automatic_restart(daemons: Da
         rank.kill()
     until(
         "attempt 3 training on three nodes",
-        lambda: (
-            (s := status(nodes[0], run_id)).run.attempt == 3
-            and s.run.state is RunState.RUNNING
-            and (s.run.last_step or 0) > (s.attempts[-1].resume_step or 0) + 5
-        ),
+        lambda: trains(nodes[0], run_id, 3),
         timeout=120,
     )
     s = status(nodes[0], run_id)
