@@ -12,6 +12,7 @@ from pathlib import Path
 from gpud.efficiency.mfu import NO_GPU, SIMULATED
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
 from tests.support.runs import FAST, force_stop, health, launch, script_spec, wait_for_step
+from tests.support.waiting import until
 
 Daemons = Callable[..., RunningDaemon]
 
@@ -71,7 +72,13 @@ def test_counted_flops_on_a_simulated_gpu_give_a_rate_and_say_why_no_mfu(
         found = flops_when_known(daemon, run_id)
         text = gpuctl("--node", daemon.address, "status", run_id).stdout
         metrics = scrape(port)
-        counted = {r.rank: r.flops_per_step for r in health(daemon, run_id).ranks}
+
+        def counted_by_rank() -> dict[int, float | None]:
+            return {r.rank: r.flops_per_step for r in health(daemon, run_id).ranks}
+
+        # The rate needs one rank's count; rank 0's next beat may come a moment later.
+        until("both ranks' counts", lambda: None not in counted_by_rank().values(), timeout=30)
+        counted = counted_by_rank()
     finally:
         force_stop(daemon, run_id)
     # What each rank counted is the step's FLOPs: 64 samples (batch 32 × accumulation 2)
