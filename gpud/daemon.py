@@ -47,8 +47,9 @@ from gpud.guard import LIBC, ConnectionGuard
 from gpud.hardware.events import detect_events
 from gpud.hardware.host import HostSampler
 from gpud.hardware.node import NodeSampler, open_gpu_sampler
+from gpud.hardware.xid import acknowledged
 from gpud.heal.holds import Holds
-from gpud.heal.service import Healing, acknowledged
+from gpud.heal.service import Healing
 from gpud.ingest import Ingest
 from gpud.keygate import KeyGate
 from gpud.keys import (
@@ -310,7 +311,7 @@ class Daemon:
         self._healing = Healing(
             Holds(self._store, s.node_name, self._clock), self._supervisor,
             self._snapshot, self._replace_latest, self._emit_node_events,
-            self._sampler.gpus.acknowledge_xids,
+            self._acknowledge_xids,
         )  # fmt: skip
         self._notify = Notifier(
             list(s.notify), s.node_name, _peer_endpoint(s.control).removeprefix("tcp://"),
@@ -560,14 +561,20 @@ class Daemon:
         return NodeEventsReply(events=self._store.node_events(body.limit, body.since))
 
     def _ack_events(self, body: AckEventsRequest, caller: Caller) -> AckEventsReply:
-        assert self._sampler is not None
-        cleared = self._sampler.gpus.acknowledge_xids(body.gpu_index)
-        if self._latest is not None:  # as the next sample will read (a preflight now too)
-            every = {g.index for g in self._latest.gpus}
-            which = every if body.gpu_index is None else {body.gpu_index} & every
-            self._latest = acknowledged(self._latest, which, self._clock())
+        cleared = self._acknowledge_xids(body.gpu_index)
         log.info("%s acknowledged %d XID event(s)", caller.name, cleared)
         return AckEventsReply(acknowledged=cleared)
+
+    def _acknowledge_xids(self, gpu_index: int | None) -> int:
+        """Mark a GPU's XIDs (every GPU's: None) handled, in the sampler and in the latest
+        snapshot (a preflight right after reads it); also an undrained GPU's (gpud.heal)."""
+        assert self._sampler is not None
+        cleared = self._sampler.gpus.acknowledge_xids(gpu_index)
+        if self._latest is not None:
+            every = {g.index for g in self._latest.gpus}
+            which = every if gpu_index is None else {gpu_index} & every
+            self._latest = acknowledged(self._latest, which, self._clock())
+        return cleared
 
     async def _sample_forever(self) -> None:
         assert self._sampler is not None and self._publisher is not None

@@ -10,7 +10,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 
-from gpud.snapshot import XidRecord, XidSummary
+from gpud.snapshot import NodeSnapshot, XidRecord, XidSummary
 
 RECENT_XIDS = 16
 
@@ -56,3 +56,17 @@ class XidTracker:
                     self._unacked[i] = 0
                     self._acked_at[i] = now
             return cleared
+
+
+def acknowledged(snapshot: NodeSnapshot, indices: set[int], now: float) -> NodeSnapshot:
+    """The snapshot with those GPUs' XIDs acknowledged at `now`, as the tracker's next
+    sample will read: a launch right after must not wait a sample for it."""
+    gpus = [
+        g.model_copy(
+            update={"xid": g.xid.model_copy(update={"unacknowledged": 0, "acknowledged_at": now})}
+        )
+        if g.index in indices
+        else g
+        for g in snapshot.gpus
+    ]
+    return snapshot.model_copy(update={"gpus": gpus})

@@ -35,10 +35,10 @@ class Healing:
         latest: Callable[[], NodeSnapshot],
         replace_latest: Callable[[NodeSnapshot], None],
         emit: Callable[[list[NodeEvent]], None],
-        acknowledge_xids: Callable[[int], object] = lambda index: None,
+        acknowledge_xids: Callable[[int], object],
     ) -> None:
         self.holds = holds
-        #: marks a GPU's XIDs handled in the sampler (an undrained GPU's)
+        #: marks a GPU's XIDs handled (the daemon's `node.events.ack`)
         self._acknowledge_xids = acknowledge_xids
         self.supervisor = supervisor
         self._latest = latest
@@ -130,11 +130,8 @@ class Healing:
             raise ProtocolError(ErrorCode.CONFLICT, str(exc)) from None
         # An operator who puts a GPU back has handled what held it: the XID that
         # quarantined it keeps it out of no preflight (gpud.heal.preflight) from now on.
-        lifted = {e.gpu_index for e in events if e.gpu_index is not None}
-        if lifted:
-            for index in sorted(lifted):
-                self._acknowledge_xids(index)
-            self._replace_latest(acknowledged(self._latest(), lifted, self.holds.clock()))
+        for index in sorted({e.gpu_index for e in events if e.gpu_index is not None}):
+            self._acknowledge_xids(index)
         return self._after(events, notes, [])
 
     def _gpus(self, indices: list[int] | None) -> list[GpuSample] | None:
@@ -173,17 +170,3 @@ class Healing:
             runs=runs,
             notes=notes,
         )
-
-
-def acknowledged(snapshot: NodeSnapshot, indices: set[int], now: float) -> NodeSnapshot:
-    """The snapshot with those GPUs' XIDs acknowledged at `now`, as the next sample will
-    read: a launch right after the undrain must not wait a sample for it."""
-    gpus = [
-        g.model_copy(
-            update={"xid": g.xid.model_copy(update={"unacknowledged": 0, "acknowledged_at": now})}
-        )
-        if g.index in indices
-        else g
-        for g in snapshot.gpus
-    ]
-    return snapshot.model_copy(update={"gpus": gpus})
