@@ -85,6 +85,24 @@ def run_series(port: int, run_id: str) -> dict[str, float]:
     }
 
 
+def launch_on_two_of_three(nodes: list[RunningDaemon]) -> str:
+    """A 3-node run that goes on with two (`min_nodes: 2`), training until stopped."""
+    return launch(
+        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
+        nodes=tuple(n.address for n in nodes[:3]),
+    )  # fmt: skip
+
+
+def stop_with_every_step(node: RunningDaemon, run_id: str) -> None:
+    """gpuctl stop through node 0; no step missing from its metrics over every attempt,
+    and nothing of the run left running."""
+    stopped = gpuctl("--node", node.address, "stop", run_id, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    last = status(node, run_id).run.last_step or 0
+    assert_no_gap(steps_recorded(node, run_id), last + 1)
+    nothing_left(run_id, timeout=30)
+
+
 def trains(node: RunningDaemon, run_id: str, attempt: int | None, past: int = 5) -> bool:
     """The run is running (`attempt`, where given) and has made `past` steps since its
     attempt's resume point."""
@@ -100,10 +118,7 @@ def trains(node: RunningDaemon, run_id: str, attempt: int | None, past: int = 5)
 def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons) -> None:
     port = free_port()
     nodes = three(daemons, metrics_port=port)
-    run_id = launch(
-        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
-        nodes=tuple(n.address for n in nodes),
-    )  # fmt: skip
+    run_id = launch_on_two_of_three(nodes)
     wait_for_step(nodes[0], run_id, 45)  # past two checkpoints
     assert run_series(port, run_id) == {
         "gpud_run_world_size": 3, "gpud_run_nodes": 3, "gpud_run_planned_nodes": 3,
@@ -144,11 +159,7 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
         lambda: trains(nodes[0], run_id, None),
         timeout=120,
     )
-    stopped = gpuctl("--node", nodes[0].address, "stop", run_id, timeout=120)
-    assert stopped.returncode == 0, stopped.stderr
-    last = status(nodes[0], run_id).run.last_step or 0
-    assert_no_gap(steps_recorded(nodes[0], run_id), last + 1)  # over three attempts
-    nothing_left(run_id, timeout=30)
+    stop_with_every_step(nodes[0], run_id)  # over three attempts
 
 
 @pytest.mark.timeout(600)
@@ -157,10 +168,7 @@ def test_a_node_that_came_back_rejoins_at_the_next_automatic_restart(daemons: Da
     then dies, the automatic restart asks every node again: attempt 3 is on all three,
     with the spec's own gradient accumulation, resumed from the newest checkpoint."""
     nodes = three(daemons)
-    run_id = launch(
-        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
-        nodes=tuple(n.address for n in nodes),
-    )  # fmt: skip
+    run_id = launch_on_two_of_three(nodes)
     wait_for_step(nodes[0], run_id, 45)
     with frozen(nodes[2], run_id, 2):
         until(
@@ -187,11 +195,7 @@ def test_a_node_that_came_back_rejoins_at_the_next_automatic_restart(daemons: Da
     second, third = s.attempts[1], s.attempts[2]
     assert second.state is RunState.FAILED and third.grad_accum == 2, third  # the spec's
     assert third.resume_from is not None
-    stopped = gpuctl("--node", nodes[0].address, "stop", run_id, timeout=120)
-    assert stopped.returncode == 0, stopped.stderr
-    last = status(nodes[0], run_id).run.last_step or 0
-    assert_no_gap(steps_recorded(nodes[0], run_id), last + 1)  # over three attempts
-    nothing_left(run_id, timeout=30)
+    stop_with_every_step(nodes[0], run_id)  # over three attempts
 
 
 @pytest.mark.timeout(600)
@@ -288,10 +292,7 @@ def test_a_node_whose_gpu_fails_its_preflight_is_left_out_of_the_next_attempt(
                 extra=("--simulate-xid-file", str(xids)) if i == 2 else ())
         for i in range(3)
     ]  # fmt: skip
-    run_id = launch(
-        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
-        nodes=tuple(n.address for n in nodes),
-    )  # fmt: skip
+    run_id = launch_on_two_of_three(nodes)
     wait_for_step(nodes[0], run_id, 25)
     xids.write_text("0:92\n")
     until("n2's XID", lambda: bool(nodes[2].client().node_hw().gpus[0].xid.total), timeout=10)
@@ -320,10 +321,7 @@ def test_a_node_slow_in_the_preflights_all_reduce_is_left_out_of_each_attempt(
             if i == 2:
                 env.setenv("GPUD_TEST_SLOW_PREFLIGHT_S", "0.05")
             nodes.append(daemons(node=f"n{i}", simulate_gpus=None))
-    run_id = launch(
-        nodes[0], FAST, "training.max_steps=100000", "elastic={min_nodes: 2}", *ELASTIC,
-        nodes=tuple(n.address for n in nodes),
-    )  # fmt: skip
+    run_id = launch_on_two_of_three(nodes)
     first = status(nodes[0], run_id)
     assert (first.run.attempt, first.run.members) == (1, [0, 1]), first.run
     left = [e.message for e in first.events if "left out of attempt 1" in e.message]
