@@ -4,6 +4,7 @@ naming who holds a busy GPU."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from pathlib import Path
 
@@ -13,6 +14,9 @@ from gpud.snapshot import NodeSnapshot
 
 #: Processes remembered at most (each costs a few bytes; reading one again costs ~50 µs).
 MAX_REMEMBERED = 4096
+#: Where slurmd and Slurm's commands read their config without `-f` or SLURM_CONF (Debian's,
+#: and the default of Slurm's own builds with --sysconfdir=/etc/slurm).
+DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 #: A Slurm job's cgroup, v1 (`/slurm/uid_1000/job_1234/step_0`) or v2
 #: (`/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0`).
 SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
@@ -68,5 +72,34 @@ class SlurmJobs:
 
 
 def slurm_compute_node() -> bool:
-    """Whether this host is a Slurm compute node: a slurmd runs here."""
-    return any(proc.info.get("name") == "slurmd" for proc in psutil.process_iter(["name"]))
+    """Whether this host is a compute node of the Slurm cluster this daemon belongs to: a
+    slurmd runs here that reads the config Slurm's commands read here (SLURM_CONF, else
+    the default). A slurmd of another config, such as a test cluster on a developer's box,
+    is not this daemon's; one whose config cannot be told counts."""
+    ours = os.path.realpath(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
+    for proc in psutil.process_iter(["name"]):
+        if proc.info.get("name") != "slurmd":
+            continue
+        try:
+            conf = slurmd_conf(proc)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue  # gone, or dead and not yet reaped: no slurmd of any cluster
+        if conf is None or os.path.realpath(conf) == ours:
+            return True
+    return False
+
+
+def slurmd_conf(proc: psutil.Process) -> Path | None:
+    """The config a slurmd reads: its `-f`, else its SLURM_CONF, else the default; None
+    where that cannot be read (another user's environment). Raises psutil.NoSuchProcess
+    for a process that is gone."""
+    try:
+        args = proc.cmdline()
+        for i, arg in enumerate(args[1:], start=1):
+            if arg == "-f" and i + 1 < len(args):
+                return Path(args[i + 1])
+            if arg.startswith("-f") and len(arg) > 2:
+                return Path(arg[2:])
+        return Path(proc.environ().get("SLURM_CONF") or DEFAULT_SLURM_CONF)
+    except psutil.AccessDenied:
+        return None

@@ -1,0 +1,77 @@
+"""A launch onto a Slurm compute node is refused (gpud/slurm/jobs.py): which slurmd makes
+this host one. Real processes named `slurmd` (copies of `tail` and `sleep`), with and
+without `-f`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpud.slurm.jobs import slurm_compute_node, slurmd_conf
+from tests.support.waiting import until
+
+
+def named_slurmd(tmp_path: Path, program: str) -> Path:
+    """A copy of `program` named slurmd: psutil reads its name as slurmd's."""
+    (tmp_path / program).mkdir()
+    binary = tmp_path / program / "slurmd"
+    shutil.copy(shutil.which(program) or f"/bin/{program}", binary)
+    return binary
+
+
+def started(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(argv), env=env)
+
+
+def test_a_slurmd_of_this_daemons_config_makes_a_compute_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=test\n")
+    # `slurmd -f CONF` that stays up: tail follows the file it is given.
+    proc = started(str(named_slurmd(tmp_path, "tail")), "-f", str(conf))
+    try:
+        assert slurmd_conf(psutil.Process(proc.pid)) == conf
+        monkeypatch.setenv("SLURM_CONF", str(conf))
+        assert slurm_compute_node()
+        # Another cluster's config: a test Slurm on a developer's box is not this node's.
+        monkeypatch.setenv("SLURM_CONF", str(tmp_path / "other.conf"))
+        assert not slurm_compute_node()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_slurmd_without_f_reads_its_slurm_conf_or_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slurmd = named_slurmd(tmp_path, "sleep")
+    conf = tmp_path / "slurm.conf"
+    with_env = started(str(slurmd), "600", env={"SLURM_CONF": str(conf)})
+    bare = started(str(slurmd), "600", env={})
+    try:
+        assert slurmd_conf(psutil.Process(with_env.pid)) == conf
+        assert slurmd_conf(psutil.Process(bare.pid)) == Path("/etc/slurm/slurm.conf")
+        monkeypatch.delenv("SLURM_CONF", raising=False)
+        assert slurm_compute_node()  # the bare one reads the default, as this daemon does
+    finally:
+        for proc in (with_env, bare):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_slurmd_that_died_unreaped_is_no_compute_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = started(str(named_slurmd(tmp_path, "sleep")), "--no-such-flag")
+    try:
+        proc = psutil.Process(dead.pid)
+        until("the slurmd exits", lambda: proc.status() == psutil.STATUS_ZOMBIE, timeout=10)
+        monkeypatch.delenv("SLURM_CONF", raising=False)
+        assert not slurm_compute_node()
+    finally:
+        dead.wait()
