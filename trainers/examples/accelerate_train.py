@@ -17,7 +17,6 @@ stopped.
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Any
 
 import torch
@@ -27,10 +26,19 @@ from accelerate.utils import InitProcessGroupKwargs
 import trainers
 from trainers.checkpoint import Checkpointer
 from trainers.data import ResumableBatches, ResumableDistributedSampler
-from trainers.examples.toy import ToyModel, common_args, done_line, save_final, synthetic_dataset
+from trainers.examples.toy import (
+    Pace,
+    ToyModel,
+    common_args,
+    done_line,
+    one_thread_per_rank,
+    save_final,
+    synthetic_dataset,
+)
 
 
 def main() -> None:
+    one_thread_per_rank()
     run = trainers.init()
     args = common_args(__doc__.splitlines()[0], run.hints).parse_args()
     timeout = run.env.collective_timeout_s
@@ -91,6 +99,7 @@ def main() -> None:
     every = run.env.checkpoint_every
     step = start
     final: float | None = None  # the last step's loss; None if none was left to train
+    pace = Pace(args.step_ms)
     while step < args.steps:
         total = 0.0
         with run.count_flops():  # the first step's FLOPs, counted once: gpud's MFU
@@ -121,6 +130,7 @@ def main() -> None:
             if rank == 0:
                 print(f"stopped at step {step}: {run.stop_reason}; checkpoint {path}", flush=True)
             run.finish()
+        pace.wait()
         step += 1
 
     if rank == 0:
@@ -130,5 +140,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()

@@ -12,7 +12,6 @@ and resumed run ends with the same weights as one that never stopped.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 
 import torch
@@ -23,10 +22,19 @@ import trainers
 from trainers.checkpoint import Checkpointer
 from trainers.data import ResumableBatches, ResumableDistributedSampler
 from trainers.distributed import init_distributed
-from trainers.examples.toy import ToyModel, common_args, done_line, save_final, synthetic_dataset
+from trainers.examples.toy import (
+    Pace,
+    ToyModel,
+    common_args,
+    done_line,
+    one_thread_per_rank,
+    save_final,
+    synthetic_dataset,
+)
 
 
 def main() -> None:
+    one_thread_per_rank()
     run = trainers.init()
     args = common_args(__doc__.splitlines()[0], run.hints).parse_args()
     device = init_distributed(run)
@@ -82,6 +90,7 @@ def main() -> None:
     every = run.env.checkpoint_every
     step = start
     final: float | None = None  # the last step's loss; None if none was left to train
+    pace = Pace(args.step_ms)
     while step < args.steps:
         total = 0.0
         with run.count_flops():  # the first step's FLOPs, counted once: gpud's MFU
@@ -116,6 +125,7 @@ def main() -> None:
             if rank == 0:
                 print(f"stopped at step {step}: {run.stop_reason}; checkpoint {path}", flush=True)
             run.finish()
+        pace.wait()
         step += 1
 
     if rank == 0:
@@ -125,5 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()

@@ -28,7 +28,15 @@ import trainers
 from trainers.checkpoint import Checkpointer
 from trainers.data import ResumableBatches, ResumableDistributedSampler
 from trainers.distributed import init_distributed
-from trainers.examples.toy import ToyModel, common_args, done_line, save_final, synthetic_dataset
+from trainers.examples.toy import (
+    Pace,
+    ToyModel,
+    common_args,
+    done_line,
+    one_thread_per_rank,
+    save_final,
+    synthetic_dataset,
+)
 
 
 def deepspeed_config(path: str | None, args: Any) -> dict[str, Any]:
@@ -56,6 +64,7 @@ def deepspeed_config(path: str | None, args: Any) -> dict[str, Any]:
 
 
 def main() -> None:
+    one_thread_per_rank()
     run = trainers.init()
     parser = common_args(__doc__.splitlines()[0], run.hints)
     parser.add_argument("--deepspeed_config", default=None, help="DeepSpeed JSON path")
@@ -129,6 +138,7 @@ def main() -> None:
     every = run.env.checkpoint_every
     step = start
     final: float | None = None  # the last step's loss; None if none was left to train
+    pace = Pace(args.step_ms)
     while step < args.steps:
         total = 0.0
         # The first step's FLOPs, counted once (gpud's MFU): the engine's forward and
@@ -154,6 +164,7 @@ def main() -> None:
             if rank == 0:
                 print(f"stopped at step {step}: {run.stop_reason}; checkpoint {path}", flush=True)
             run.finish()
+        pace.wait()
         step += 1
 
     if rank == 0:
@@ -164,7 +175,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Where DeepSpeed keeps the ops it compiles (only if one is ever needed): persistent, so
     # the compile happens once per machine instead of once per run.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))

@@ -49,6 +49,7 @@ CONFIG: dict[str, Any] = {
     "dropout": 0.0,
     "samples": 16384,
     "seed": 1337,
+    "min_iter_ms": 0.0,  # the least time an iter takes; the rest is slept (the tests pace)
     "device": "cuda" if torch.cuda.is_available() else "cpu",
     "backend": "nccl" if torch.cuda.is_available() else "gloo",
 }
@@ -253,6 +254,8 @@ while iter_num < cfg["max_iters"]:
         if master:
             print(f"stopping after iter {iter_num} (SIGTERM)", flush=True)
         shutdown()
+    if (rest := cfg["min_iter_ms"] / 1000 - (time.time() - t0)) > 0:
+        time.sleep(rest)
     iter_num += 1
 
 save_checkpoint(cfg["max_iters"] - 1)
