@@ -57,14 +57,14 @@ def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole
 ) -> None:
     # Longer than the first run can be: Slurm sends the signal 40 s before the 1-minute
     # limit, give or take its ~30 s timer, and kills the job at the limit at the latest.
-    # The model does ~100 steps/s here: 3,000 steps were done 30 s in, before the signal.
-    steps = 8000
+    # A step takes at least 100 ms (the spec's --step-ms): 700 steps need 70 s at least.
+    steps = 700
     spec = write_spec(tmp_path, "timed", steps=steps, time="1", signal_before_s=40, requeue=True)
     run_id, job = submit(spec)
     ends = run_dir(tmp_path, run_id) / "ends.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not ends.exists():
-        time.sleep(1.0)
+        time.sleep(0.1)
     (end,) = [json.loads(line) for line in ends.read_text().splitlines()]
     assert (end["stopping"], end["requeued"]) == ("time_limit", True)
     row = ps(run_id)
@@ -91,7 +91,7 @@ def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole
 def test_an_admins_requeue_is_the_next_attempt_and_it_resumes_from_the_newest_checkpoint(
     cluster: LocalSlurm, tmp_path: Path
 ) -> None:
-    steps = 600
+    steps = 150
     run_id, job = submit(write_spec(tmp_path, "requeued", steps=steps, requeue=True))
     wait_until(run_id, lambda r: r["state"] == "running" and (r["last_step"] or 0) >= 60)
     # Slurm kills the job (the batch shell too: no end record) and queues it again.

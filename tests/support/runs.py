@@ -17,8 +17,11 @@ from tests.support.daemons import RunningDaemon, gpuctl
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_DDP = ROOT / "config" / "examples" / "cpu-ddp.yaml"
-#: A small, quick model for tests: tens of milliseconds per step on 2 cores.
-FAST = "args=[--width, '128', --depth, '2', --log-every, '5']"
+#: A small, quick model for tests, paced at 100 ms a step (`--step-ms`, as a GPU's step
+#: might take): a run that trains until stopped leaves the CPU to the tests beside it (a
+#: step takes ~6 ms of it here), and no run races past the step a test acts at because the
+#: machine happened to be idle.
+FAST = "args=[--width, '128', --depth, '2', --log-every, '5', --step-ms, '100']"
 
 
 def script_spec(
@@ -82,7 +85,7 @@ def wait_for(
         last = status(daemon, run_id)
         if last.run.state.value in states:
             return last
-        time.sleep(0.2)
+        time.sleep(0.1)
     raise AssertionError(f"run {run_id} did not reach {states}; last: {last}")
 
 
@@ -96,7 +99,7 @@ def wait_for_part(
         last = status(daemon, run_id)
         if last.parts[node_rank].state is state:
             return last
-        time.sleep(0.2)
+        time.sleep(0.1)
     raise AssertionError(f"part {node_rank} of {run_id} never became {state.value}; last: {last}")
 
 
@@ -107,7 +110,7 @@ def wait_for_step(daemon: RunningDaemon, run_id: str, step: int, timeout: float 
         if s.last_step is not None and s.last_step >= step:
             return
         assert not s.state.terminal, f"run ended early: {s.state.value} {s.reason}"
-        time.sleep(0.2)
+        time.sleep(0.1)
     raise AssertionError(f"run {run_id} did not reach step {step}")
 
 
@@ -134,7 +137,7 @@ def kill_rank(run_id: str, rank: int, timeout: float = 60) -> int:
         if rank in workers:
             workers[rank].send_signal(signal.SIGKILL)
             return workers[rank].pid
-        time.sleep(0.2)
+        time.sleep(0.1)
     raise AssertionError(f"rank {rank} of {run_id} never showed up")
 
 
@@ -151,7 +154,7 @@ def nothing_left(run_id: str, timeout: float = 10) -> None:
     while time.monotonic() < deadline:
         if not procs.tagged(run_id):
             return
-        time.sleep(0.2)
+        time.sleep(0.1)
     left = [(p.pid, p.name()) for p in procs.tagged(run_id)]
     raise AssertionError(f"processes of {run_id} survived: {left}")
 

@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from launch.gpuctl.slurm_verbs import summaries
 from tests.support.daemons import gpuctl
 
 ROOT = Path(__file__).parents[2]
+#: The least time a step of these runs takes.
+STEP_MS = 100
 
 
 def write_spec(tmp_path: Path, name: str, *, steps: int, **slurm: Any) -> Path:
@@ -28,9 +31,14 @@ def write_spec(tmp_path: Path, name: str, *, steps: int, **slurm: Any) -> Path:
                 "backend": "gloo",
                 "workdir": str(tmp_path),
                 "script": str(ROOT / "trainers" / "examples" / "ddp.py"),
-                "args": ["--width", "128", "--depth", "2", "--log-every", "20"],
+                # Paced at 100 ms a step (tests/support/runs.py's FAST): 10 steps a second
+                # whatever else the machine runs.
+                "args": [
+                    *("--width", "128", "--depth", "2"),
+                    *("--log-every", "20", "--step-ms", str(STEP_MS)),
+                ],
                 "training": {"max_steps": steps, "batch_size_per_gpu": 32},
-                "checkpoint": {"every_steps": 50},
+                "checkpoint": {"every_steps": 20},
                 "slurm": settings,
             }
         )
@@ -54,13 +62,17 @@ def ps(run_id: str) -> dict[str, Any]:
 def wait_until(
     run_id: str, test: Callable[[dict[str, Any]], bool], timeout: float = 120
 ) -> dict[str, Any]:
+    """`gpuctl ps`'s row of the run once `test` holds for it. Watched in this process with
+    the code `gpuctl ps` runs (every 0.1 s; a gpuctl process costs ~0.7 s of CPU), then
+    read from a real `gpuctl --json ps`."""
     deadline = time.monotonic() + timeout
-    row = ps(run_id)
+    row: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        row = ps(run_id)
-        if test(row):
+        seen = [r for r in summaries(active=False) if r.id == run_id]
+        row = seen[0].model_dump(mode="json") if seen else row
+        if row and test(row) and test(row := ps(run_id)):
             return row
-        time.sleep(1.0)
+        time.sleep(0.1)
     raise AssertionError(f"{run_id} never got there: {row}")
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def until(what: str, check: Callable[[], Any], timeout: float = 120, every: float = 0.5) -> Any:
+def until(what: str, check: Callable[[], Any], timeout: float = 120, every: float = 0.1) -> Any:
     """`check()`'s first truthy value within `timeout` seconds; else fail, naming `what`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
