@@ -38,6 +38,10 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
 DEFAULT_NODE = "127.0.0.1:7711"
+#: How long gpuctl waits for node 0 to start an attempt (a launch, a resume, a resize): on
+#: several nodes the preflight's collective check runs first, and takes up to
+#: `gpud.heal.collective.CHECK_TIMEOUT_S`.
+START_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
 

@@ -48,6 +48,7 @@ from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    START_TIMEOUT_S,
     Ctl,
     exit_code_for,
     fail,
@@ -98,11 +99,6 @@ def _spares(ctl: Ctl, spec: RunSpec, targets: list[NodeTarget]) -> list[NodeTarg
     if not spec.elastic.spares:
         return []
     return Ctl(nodes=list(spec.elastic.spares), json=ctl.json, timeout=ctl.timeout).targets()
-
-
-#: How long gpuctl waits for node 0 to start a run of several nodes: the preflight's
-#: collective check takes up to `gpud.heal.collective.CHECK_TIMEOUT_S`.
-START_TIMEOUT_S = 60.0
 
 
 class JoinFailed(Exception):

@@ -20,6 +20,7 @@ from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    START_TIMEOUT_S,
     Ctl,
     exit_code_for,
     fail,
@@ -51,7 +52,7 @@ def resize_command(ctl: Ctl, run: str) -> None:
             fail(f"{found.id} did not stop: {found.status.run.state.value}", EXIT_FAILED)
     before = found.status.run
     try:
-        with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
+        with Client(found.coordinator, timeout_s=max(ctl.timeout, START_TIMEOUT_S)) as client:
             after = client.call(RUN_RESUME, ResumeRequest(run=found.id))
     except ClientError as exc:
         fail(str(exc), exit_code_for(exc))

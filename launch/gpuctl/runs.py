@@ -36,6 +36,7 @@ from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    START_TIMEOUT_S,
     Ctl,
     exit_code_for,
     fail,
@@ -379,7 +380,7 @@ def resume_command(ctl: Ctl, run: str, wait: bool, queue: bool, checkpoint: str 
         checkpoint = os.path.abspath(checkpoint)
     request = ResumeRequest(run=found.id, queue=queue, checkpoint=checkpoint)
     try:
-        with Client(found.coordinator, timeout_s=max(ctl.timeout, 15.0)) as client:
+        with Client(found.coordinator, timeout_s=max(ctl.timeout, START_TIMEOUT_S)) as client:
             summary = client.call(RUN_RESUME, request)
     except ClientError as exc:
         fail(str(exc), exit_code_for(exc))
