@@ -71,7 +71,9 @@ def test_a_gpu_that_fails_its_check_is_quarantined_and_the_run_starts_elsewhere(
         listed = json.loads(gpuctl("--node", node.address, "--json", "ps").stdout)
         assert [r["state"] for r in listed["runs"]] == ["stopped"], listed
 
-    run_id = launch(nodes[0], FAST, *LONG, "gpus=1", nodes=tuple(n.address for n in nodes))
+    run_id = launch(
+        nodes[0], FAST, *LONG, "gpus=1", nodes=tuple(n.address for n in nodes), preflight=True
+    )
     wait_for_step(nodes[0], run_id, 10)
     mine = status(nodes[1], run_id)
     assert mine.attempts[-1].gpus == [1], mine.attempts  # not the quarantined GPU 0
@@ -96,7 +98,7 @@ def test_a_node_far_below_its_own_baseline_is_named_in_a_two_node_run(
             if i == 1:
                 env.setenv("GPUD_TEST_SLOW_PREFLIGHT_S", f"@{slow}")
             nodes.append(daemons(node=f"n{i}", simulate_gpus=None))
-    run_id = launch(nodes[0], FAST, *LONG, nodes=tuple(n.address for n in nodes))
+    run_id = launch(nodes[0], FAST, *LONG, nodes=tuple(n.address for n in nodes), preflight=True)
     wait_for_step(nodes[0], run_id, 10)
     first = [e.message for e in status(nodes[0], run_id).events if e.kind == "preflight"]
     assert len(first) == 1 and "all-reduce with node 0: node 1 " in first[0], first
