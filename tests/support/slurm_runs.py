@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from launch.gpuctl import slurm_jobs
 from launch.gpuctl.slurm_verbs import summaries
 from tests.support.daemons import gpuctl
 
@@ -68,6 +69,7 @@ def wait_until(
     deadline = time.monotonic() + timeout
     row: dict[str, Any] = {}
     while time.monotonic() < deadline:
+        slurm_jobs.accounting.cache_clear()  # what one gpuctl call asks once, as gpuctl does
         seen = [r for r in summaries(active=False) if r.id == run_id]
         row = seen[0].model_dump(mode="json") if seen else row
         if row and test(row) and test(row := ps(run_id)):
