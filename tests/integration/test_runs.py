@@ -286,7 +286,10 @@ def test_free_port_is_never_shared_by_two_runs(daemon: RunningDaemon) -> None:
 
 
 def test_simulated_gpus_carry_the_ranks_of_a_running_run(daemon: RunningDaemon) -> None:
-    run_id = launch(daemon, FAST, "training.max_steps=100000")
+    # Unpaced: a simulated GPU's utilization is its rank's CPU, and FAST's paced ranks idle.
+    run_id = launch(
+        daemon, "args=[--width, '128', --depth, '2', --log-every, '5']", "training.max_steps=100000"
+    )
     wait_for_step(daemon, run_id, 3)
     pids = {p.pid for p in ranks_of(run_id).values()}
     client = daemon.client()
