@@ -11,6 +11,12 @@ from typing import Any
 import pytest
 
 from tests.support.daemons import RunningDaemon, start_daemon
+from tests.support.plan import (  # noqa: F401  (hooks: the workers' plan)
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_xdist_make_scheduler,
+)
 from tests.support.slurm import LocalSlurm, missing
 
 

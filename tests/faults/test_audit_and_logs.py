@@ -49,6 +49,7 @@ def _request(request_id: str, type_: str, body: dict[str, object]) -> bytes:
     return json.dumps({"v": 1, "id": request_id, "type": type_, "body": body}).encode()
 
 
+@pytest.mark.alone  # the control plane's latency, measured against the machine's load
 def test_a_refusal_flood_adds_little_to_the_audit_log_and_keeps_every_accepted_action(
     daemon: RunningDaemon,
 ) -> None:

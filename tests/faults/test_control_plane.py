@@ -50,6 +50,7 @@ def _error(reply: dict[str, object]) -> dict[str, str]:
     return error
 
 
+@pytest.mark.alone  # a reply's latency, measured against the machine's load
 def test_concurrent_stops_and_resumes_never_leave_the_loop_asleep(daemon: RunningDaemon) -> None:
     """run.stop and run.resume reply from a task; a reply sent from a task must not swallow
     the wake-up the serve loop waits on (it did: requests then sat for tens of seconds)."""

@@ -20,7 +20,8 @@ from gpud.runmodel import HealthSummary
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import FAST, health, launch, nothing_left, ranks_of, wait_for_step
 
-pytestmark = pytest.mark.faults
+# Latencies and step times measured against the machine's load: run alone.
+pytestmark = [pytest.mark.faults, pytest.mark.alone]
 
 TIMEOUT_S = 120
 SLOW = "args=[--width, '1024', --depth, '4', --log-every, '5']"

@@ -25,7 +25,8 @@ from tests.support.adversary import MB, rss
 from tests.support.daemons import RunningDaemon, free_port
 from tests.support.probe import Prober
 
-pytestmark = pytest.mark.faults
+# Latencies and step times measured against the machine's load: run alone.
+pytestmark = [pytest.mark.faults, pytest.mark.alone]
 
 SLOW_CLIENTS = 200
 SCRAPE_EVERY_S = 0.5

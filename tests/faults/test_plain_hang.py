@@ -20,7 +20,8 @@ from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import health, nothing_left, script_spec, wait_for
 from tests.support.waiting import until
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
+# A 5 s hang timeout: on a machine loaded by other tests, a quiet start reads as a hang.
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.alone]
 
 HANGS = """
 import os, time

@@ -30,7 +30,8 @@ from tests.support.runs import (
     wait_for_step,
 )
 
-pytestmark = pytest.mark.faults
+# Latencies and step times measured against the machine's load: run alone.
+pytestmark = [pytest.mark.faults, pytest.mark.alone]
 
 CATASTROPHIC = r"^(?P<loss>(a+)+)$"
 SLOW_ON_RE2 = r"(?P<tokens>[ab]{1,1000}[ab]{1,1000}c)"

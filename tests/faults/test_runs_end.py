@@ -127,6 +127,7 @@ def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, v
 # --------------------------------------------------------------------------- ranks die
 
 
+@pytest.mark.alone  # 5 s from the kill to every node, measured against the machine's load
 @pytest.mark.parametrize("rank", [1, 3], ids=["rank-on-node0", "rank-on-node1"])
 def test_a_killed_rank_fails_every_node_within_5s(daemons: Daemons, rank: int) -> None:
     node0, node1 = two_nodes(daemons)
@@ -249,7 +250,7 @@ def test_a_restart_after_a_lost_node_waits_for_it_then_finishes(daemons: Daemons
     run_id = launch(
         node0,
         FAST,
-        "training.max_steps=200",
+        "training.max_steps=80",
         "lost_after_s=3",
         "restart.max_attempts=1",
         "restart.backoff_s=0.5",

@@ -43,7 +43,8 @@ from tests.support.adversary import (
 from tests.support.daemons import RunningDaemon
 from tests.support.probe import Prober
 
-pytestmark = pytest.mark.faults
+# Latencies and step times measured against the machine's load: run alone.
+pytestmark = [pytest.mark.faults, pytest.mark.alone]
 
 CONNECTIONS = 340
 SUBSCRIPTIONS = 60

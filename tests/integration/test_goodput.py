@@ -17,7 +17,8 @@ from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import FAST, kill_rank, launch, status, wait_for
 from tests.support.waiting import until
 
-pytestmark = pytest.mark.slow
+# A 5 s hang timeout: on a machine loaded by other tests, a slow step reads as a hang.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 def test_a_hang_and_a_kill_are_where_the_wall_time_went(daemon: RunningDaemon) -> None:

@@ -1,0 +1,285 @@
+"""How the suite is spread over pytest-xdist's workers (README, Development).
+
+The tests spend most of their time waiting on real processes (a daemon to start, a rank to
+train, a node to be called lost), so several run side by side: `-n 3 --dist loadgroup` in
+pyproject's addopts. This module is the plan those workers follow:
+
+- **Longest first.** Work goes out longest first, by `tests/durations.json` (the last
+  measured seconds of each slow test; `--store-durations` rewrites it), so the last minutes
+  are a trickle of short unit tests, not one long fault test started late.
+- **Groups stay together.** Tests marked `xdist_group(NAME)` (a module's tests that share
+  one daemon or one trained run) go to one worker, in order, as one piece of work; so do
+  the tests that start a local Slurm (two at once would clash).
+- **Heavy work in two lanes.** A piece of work guessed at HEAVY_S or more starts real
+  ranks, daemons and torch processes, and uses most of a core: at most `--heavy-lanes`
+  workers (2) take such pieces; the others take the light ones (unit, TUI, short
+  integration tests) and finish when those are done. Three heavy tests at once on two
+  cores made timing-sensitive ones (a 5 s hang timeout, a 10 s lost node) fail.
+- **`alone` runs last, by itself.** A test marked `alone` times something against load or
+  needs the whole machine: it runs after every other test has finished, on one worker,
+  with the others gone. Without xdist (`-p no:xdist`, `-n 0`) those tests still run last.
+
+The scheduler keeps xdist's contract (xdist/scheduler/protocol.py): a worker runs a test
+only once it holds the next one (or is told to shut down), so each keeps two in hand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ALONE = "alone"
+#: Two local Slurm clusters at once clash (job 1 of each takes port 20001): the tests that
+#: start one (tests/conftest.py's `slurm` fixture) run one after another, in one group.
+SLURM_FIXTURE = "slurm"
+DURATIONS = Path(__file__).resolve().parents[1] / "durations.json"
+#: What an unmeasured test is guessed to take, by the folder it is in (seconds).
+GUESSES = (("tests/faults/", 40.0), ("tests/integration/", 15.0), ("tests/tui/", 3.0))
+UNIT_GUESS = 0.2
+#: Tests shorter than this are left out of durations.json (the guess is good enough).
+STORED_FROM_S = 0.5
+#: A piece of work this long (measured or guessed) is heavy: real ranks and daemons.
+HEAVY_S = 8.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help="after the run, write each slow test's seconds to tests/durations.json "
+        "(the workers' plan hands out the longest first)",
+    )
+    parser.addoption(
+        "--heavy-lanes",
+        type=int,
+        default=2,
+        help="how many xdist workers may run heavy tests (real ranks) at once (default 2)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{ALONE}: times something against load or needs the whole machine: runs after "
+        "every other test, by itself",
+    )
+    if config.getoption("store_durations"):
+        config.pluginmanager.register(DurationStore(), "gpud-durations")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`alone` tests last, and in a group of their own; the tests of a local Slurm one
+    after another (xdist adds `@group` to their ids: this runs before xdist's hook does)."""
+    alone = [item for item in items if item.get_closest_marker(ALONE)]
+    for item in alone:
+        item.add_marker(pytest.mark.xdist_group(ALONE))
+    for item in items:
+        if SLURM_FIXTURE in getattr(item, "fixturenames", ()) and item not in alone:
+            item.add_marker(pytest.mark.xdist_group(SLURM_FIXTURE))
+    if alone:
+        chosen = set(map(id, alone))
+        items[:] = [item for item in items if id(item) not in chosen] + alone
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return Plan(config, log)
+
+
+def bare(nodeid: str) -> str:
+    """The test's own id, without xdist's `@group` suffix."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
+def group_of(nodeid: str) -> str | None:
+    at = nodeid.rfind("@")
+    return nodeid[at + 1 :] if at > nodeid.rfind("]") else None
+
+
+def measured() -> dict[str, float]:
+    try:
+        found = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def guess(nodeid: str, known: dict[str, float]) -> float:
+    if (seconds := known.get(bare(nodeid))) is not None:
+        return seconds
+    return next((s for prefix, s in GUESSES if nodeid.startswith(prefix)), UNIT_GUESS)
+
+
+class Plan:
+    """An xdist scheduler: pieces of work (a test, or a group) longest first; the `alone`
+    group held back until every other worker has finished, then run on the last one."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        from xdist.remote import Producer
+        from xdist.workermanage import parse_tx_spec_config
+
+        self.numnodes = len(parse_tx_spec_config(config))
+        self.config = config
+        self.log = log.plan if log is not None else Producer("plan")
+        self.node2collection: dict[Any, list[str]] = {}
+        self.node2pending: dict[Any, list[int]] = {}
+        self.collection: list[str] | None = None
+        self.work: list[list[int]] = []  # pieces not yet handed out, longest first
+        self.heavy: set[int] = set()  # the first index of each heavy piece
+        self.lanes: set[Any] = set()  # the workers that take heavy pieces
+        self.max_lanes = max(1, int(config.getoption("heavy_lanes") or 1))
+        self.alone: list[int] = []
+        self.closer: Any = None  # the worker that runs the `alone` tests
+
+    # -- what DSession asks ------------------------------------------------------------
+    @property
+    def nodes(self) -> list[Any]:
+        return list(self.node2pending)
+
+    @property
+    def collection_is_completed(self) -> bool:
+        return len(self.node2collection) >= self.numnodes
+
+    @property
+    def tests_finished(self) -> bool:
+        if not self.collection_is_completed or self.work or self.alone:
+            return False
+        return all(len(pending) < 2 for pending in self.node2pending.values())
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.work or self.alone or any(self.node2pending.values()))
+
+    def add_node(self, node: Any) -> None:
+        assert node not in self.node2pending
+        self.node2pending[node] = []
+
+    def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
+        assert node in self.node2pending
+        if self.collection is not None and list(collection) != self.collection:
+            self.log(f"worker {node.gateway.id} collected other tests; it gets none")
+            return
+        self.node2collection[node] = list(collection)
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        self.node2pending[node].remove(item_index)
+        self._hand_out(node)
+
+    def mark_test_pending(self, item: str) -> None:
+        assert self.collection is not None
+        self.work.insert(0, [self.collection.index(item)])
+        for node in self.nodes:
+            self._hand_out(node)
+
+    def remove_pending_tests_from_node(self, node: Any, indices: Sequence[int]) -> None:
+        raise NotImplementedError("the plan never steals work back")
+
+    def remove_node(self, node: Any) -> str | None:
+        """A worker finished, or died: what it held goes back (the test it was running is
+        the crash xdist reports)."""
+        pending = self.node2pending.pop(node)
+        self.lanes.discard(node)
+        if node is self.closer:
+            self.closer = None
+        crashed = None
+        if pending:
+            assert self.collection is not None
+            crashed = self.collection[pending.pop(0)]
+            back = [i for i in pending if group_of(self.collection[i]) != ALONE]
+            self.alone = [i for i in pending if i not in back] + self.alone
+            if back:
+                self.work.insert(0, back)
+        for other in self.nodes:
+            self._hand_out(other)
+        return crashed
+
+    def schedule(self) -> None:
+        assert self.collection_is_completed
+        if self.collection is None:
+            collections = list(self.node2collection.values())
+            if any(c != collections[0] for c in collections[1:]):
+                self.log("the workers collected different tests; nothing is run")
+                return
+            self.collection = collections[0]
+            self._plan(self.collection)
+        for node in self.nodes:
+            self._hand_out(node)
+
+    # -- the plan ----------------------------------------------------------------------
+    def _plan(self, collection: list[str]) -> None:
+        pieces: dict[str, list[int]] = {}
+        for index, nodeid in enumerate(collection):
+            pieces.setdefault(group_of(nodeid) or nodeid, []).append(index)
+        self.alone = pieces.pop(ALONE, [])
+        known = measured()
+        seconds = {k: sum(guess(collection[i], known) for i in v) for k, v in pieces.items()}
+        # Longest first; among equals, in the order collected (sorted() is stable).
+        self.work = [pieces[k] for k in sorted(pieces, key=lambda k: -seconds[k])]
+        self.heavy = {pieces[k][0] for k in pieces if seconds[k] >= HEAVY_S}
+
+    def _hand_out(self, node: Any) -> None:
+        if node.shutting_down or node not in self.node2collection:
+            return
+        pending = self.node2pending[node]
+        while len(pending) < 2 and (piece := self._next_piece(node)) is not None:
+            self._send(node, piece)
+        if len(pending) >= 2:
+            return
+        if self.work:  # only heavy pieces are left, and the lanes are taken: it is done
+            node.shutdown()
+            return
+        # Nothing left but the `alone` group: one worker (the first to run dry) waits for
+        # the others to finish and leave, then runs it.
+        if self.alone and self.closer in (None, node):
+            self.closer = node
+            if len(self.node2pending) == 1:
+                self._send(node, self.alone)
+                self.alone = []
+                node.shutdown()
+            return
+        node.shutdown()
+
+    def _lane_free(self) -> bool:
+        return len(self.lanes) < self.max_lanes
+
+    def _next_piece(self, node: Any) -> list[int] | None:
+        """The longest piece this worker may take: a lane any, another a light one."""
+        for at, piece in enumerate(self.work):
+            if piece[0] not in self.heavy:
+                return self.work.pop(at)
+            if node in self.lanes or self._lane_free():
+                self.lanes.add(node)
+                return self.work.pop(at)
+        return None
+
+    def _send(self, node: Any, indices: list[int]) -> None:
+        self.node2pending[node].extend(indices)
+        node.send_runtest_some(indices)
+
+
+class DurationStore:
+    """`--store-durations`: each test's setup, call and teardown seconds, summed, merged
+    into tests/durations.json (tests that did not run keep their figure)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        nodeid = bare(report.nodeid)
+        self.seconds[nodeid] = self.seconds.get(nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(session.config, "workerinput"):
+            return  # a worker: the controller has every report
+        kept = measured()
+        kept.update(self.seconds)
+        slow = {k: round(v, 1) for k, v in sorted(kept.items()) if v >= STORED_FROM_S}
+        DURATIONS.write_text(json.dumps(slow, indent=0, sort_keys=True) + "\n")
