@@ -24,7 +24,14 @@ def named_slurmd(tmp_path: Path, program: str) -> Path:
 
 
 def started(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(list(argv), env=env)
+    """The process, once it has exec'd (before that, /proc shows the parent's cmdline)."""
+    proc = subprocess.Popen(list(argv), env=env)
+    until(
+        "the process has exec'd",
+        lambda: psutil.Process(proc.pid).cmdline() == list(argv),
+        timeout=10,
+    )
+    return proc
 
 
 def test_a_slurmd_of_this_daemons_config_makes_a_compute_node(
