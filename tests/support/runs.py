@@ -18,9 +18,9 @@ from tests.support.daemons import RunningDaemon, gpuctl
 ROOT = Path(__file__).resolve().parents[2]
 CPU_DDP = ROOT / "config" / "examples" / "cpu-ddp.yaml"
 #: A small, quick model for tests, paced at 100 ms a step (`--step-ms`, as a GPU's step
-#: might take): a run that trains until stopped leaves the CPU to the tests beside it (a
-#: step takes ~6 ms of it here), and no run races past the step a test acts at because the
-#: machine happened to be idle.
+#: might take): a run that trains until stopped leaves most of the CPU to the tests beside
+#: it (a rank's step took ~13 ms of CPU with the suite running beside it), and no run races
+#: past the step a test acts at because the machine happened to be idle.
 FAST = "args=[--width, '128', --depth, '2', --log-every, '5', --step-ms, '100']"
 
 
