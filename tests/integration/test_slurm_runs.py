@@ -170,7 +170,10 @@ def test_a_job_that_must_wait_is_queued_with_slurms_reason(
     hold = cluster.run("sbatch", "--parsable", "--nodes=2", "--gpus-per-node=4",
                        "--output=/dev/null", "--wrap=sleep 120").strip()  # fmt: skip
     run_id, _ = submit(write_spec(tmp_path, "waits", steps=10, gpus_per_node=1))
-    row = wait_until(run_id, lambda r: r["state"] == "queued")
+    # sbatch answers before slurmctld's scheduler has looked at the job: until its first
+    # pass the job is PENDING with no reason, so wait for the reason, then check it is one
+    # that says why it waits
+    row = wait_until(run_id, lambda r: r["state"] == "queued" and "PENDING (" in r["reason"])
     assert "PENDING (Resources)" in row["reason"] or "PENDING (Priority)" in row["reason"]
     assert "queued" in gpuctl("ps", "--active").stdout
     cluster.run("scancel", hold)
