@@ -94,7 +94,7 @@ def long_two_node_run(node0: RunningDaemon, node1: RunningDaemon, *sets: str) ->
 @pytest.mark.parametrize("victim", [0, 1], ids=["coordinator", "worker"])
 def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, victim: int) -> None:
     nodes = list(two_nodes(daemons))
-    total = 600  # long enough to outlive the daemon restart on a busy machine
+    total = 300  # 30 s paced: long enough to outlive the daemon restart on a busy machine
     launched = time.monotonic()
     run_id = launch(
         nodes[0], FAST, f"training.max_steps={total}", nodes=(nodes[0].address, nodes[1].address)
@@ -116,7 +116,11 @@ def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, v
     wall = s0.run.state_since - s0.run.created_at
     assert abs(sum(g.seconds.values()) - wall) <= 0.01 * wall, (g.seconds, wall)
     assert 0 < g.seconds["starting"] <= to_step_10 + 1.0, (g.seconds, to_step_10)
-    assert g.seconds["training"] >= wall - to_step_10 - 2.0, (g.seconds, wall)
+    # the rest ran: trained, saved, or (on a machine busy enough to hold a paced step up)
+    # stalled; none of it restarting or lost, which a lost account would have made
+    ran = g.seconds["training"] + g.seconds["checkpointing"] + g.seconds["stalled"]
+    assert ran >= wall - to_step_10 - 2.0, (g.seconds, wall)
+    assert g.seconds["restarting"] == g.seconds["lost"] == g.seconds["queued"] == 0, g.seconds
     assert not g.attempts[0].unstepped
     assert [p.state for p in s0.parts] == [RunState.SUCCEEDED, RunState.SUCCEEDED]
     assert status(nodes[1], run_id).run.state is RunState.SUCCEEDED
