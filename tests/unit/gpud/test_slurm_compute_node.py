@@ -74,7 +74,9 @@ def test_a_slurmd_without_f_reads_its_slurm_conf_or_the_default(
 def test_a_slurmd_that_died_unreaped_is_no_compute_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dead = started(str(named_slurmd(tmp_path, "sleep")), "--no-such-flag")
+    # not `started`: it may be gone (a zombie, its cmdline unreadable) before the first look;
+    # only the exec'd slurmd can exit, since Popen raises when the exec itself fails
+    dead = subprocess.Popen([str(named_slurmd(tmp_path, "sleep")), "--no-such-flag"])
     try:
         proc = psutil.Process(dead.pid)
         until("the slurmd exits", lambda: proc.status() == psutil.STATUS_ZOMBIE, timeout=10)
