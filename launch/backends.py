@@ -3,7 +3,8 @@
 Pure functions of a `RunSpec` and a `Placement` (where this node sits in the gang and the
 paths gpud chose); no I/O, no sockets, no torch. The daemon writes `Command.files` into the
 attempt directory and hands `argv`/`env`/`cwd` to the shim. Launchers run as
-`python -m <module>` so nothing depends on PATH, and argv is always a list: nothing is
+`python -m <module>` would (through `launch.launcher_main`, which the command writes into
+the attempt directory) so nothing depends on PATH, and argv is always a list: nothing is
 quoted, joined or passed through a shell.
 
 The flags follow each tool's own argparse (torch.distributed.run, deepspeed.launcher.runner,
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launch import launcher_main
 from launch.autotune import Recommendation
 from launch.environment import base_env, scaled_lr
 from launch.spec import Launcher, RunSpec, TrainingHints
@@ -232,11 +234,15 @@ def _target(spec: RunSpec, module_flag: str) -> list[str]:
     return [spec.entry]
 
 
+def _launcher(place: Placement, module: str) -> list[str]:
+    """`python -m module`, through `launch.launcher_main` (written into the attempt dir):
+    the launcher exits as soon as it is done, not a second of torch teardown later."""
+    return [place.python, f"{place.attempt_dir}/{launcher_main.FILE_NAME}", module]
+
+
 def _torchrun_argv(spec: RunSpec, place: Placement) -> list[str]:
     return [
-        place.python,
-        "-m",
-        "torch.distributed.run",
+        *_launcher(place, "torch.distributed.run"),
         f"--nnodes={place.nnodes}",
         f"--nproc-per-node={place.nproc_per_node}",
         f"--node-rank={place.node_rank}",
@@ -253,9 +259,7 @@ def _torchrun_argv(spec: RunSpec, place: Placement) -> list[str]:
 
 def _deepspeed_argv(spec: RunSpec, place: Placement) -> list[str]:
     return [
-        place.python,
-        "-m",
-        "deepspeed.launcher.runner",
+        *_launcher(place, "deepspeed.launcher.runner"),
         # Each node's gpud starts its own part: no ssh/pdsh fan-out from node 0.
         "--no_ssh",
         f"--hostfile={place.attempt_dir}/{DEEPSPEED_HOSTFILE}",
@@ -283,7 +287,7 @@ def _accelerate_mixed_precision(spec: RunSpec, place: Placement) -> str:
 
 def _accelerate_argv(spec: RunSpec, place: Placement) -> list[str]:
     settings = spec.accelerate
-    argv = [place.python, "-m", "accelerate.commands.launch"]
+    argv = _launcher(place, "accelerate.commands.launch")
     on_cpu = _accelerate_on_cpu(spec, place.gpu_count)
     if place.world_size > 1:
         # Also on CPU: `--cpu` would take accelerate's single-process path, while
@@ -341,6 +345,8 @@ def build_command(spec: RunSpec, place: Placement) -> Command:
         for name in ("MASTER_ADDR", "MASTER_PORT"):
             env.pop(name)
     files: dict[str, str] = {}
+    if spec.launcher is not Launcher.PYTHON:
+        files[launcher_main.FILE_NAME] = launcher_main.source()
     if spec.deepspeed is not None:
         config_path = f"{place.attempt_dir}/{DEEPSPEED_CONFIG_FILE}"
         files[DEEPSPEED_CONFIG_FILE] = json.dumps(deepspeed_config(spec, place), indent=2)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from launch import launcher_main
 from launch.autotune import recommend
 from launch.backends import (
     Command,
@@ -30,6 +31,7 @@ from launch.spec import RunSpec, SpecError, TrainingHints, parse_spec
 PY = "/opt/venv/bin/python"
 RUN_DIR = "/srv/gpud/runs/r-42"
 ATTEMPT_DIR = f"{RUN_DIR}/attempt-1"
+LAUNCH = f"{ATTEMPT_DIR}/gpud_launch.py"  # launch.launcher_main, written there
 WORKDIR = "/home/me/project"
 
 
@@ -81,21 +83,21 @@ def test_torchrun_single_node_script_matches_the_documented_form() -> None:
     #   --node-rank=... --master-addr=... --master-port=... YOUR_TRAINING_SCRIPT.py (--arg1 ...)
     command = build(make_spec(args=["--lr", "3e-4"]))
     assert command.argv == [
-        PY, "-m", "torch.distributed.run",
+        PY, LAUNCH, "torch.distributed.run",
         "--nnodes=1", "--nproc-per-node=4", "--node-rank=0",
         "--master-addr=10.0.0.1", "--master-port=29517",
         "--max-restarts=0", "--tee=3", f"--log-dir={ATTEMPT_DIR}/ranks",
         "train.py", "--lr", "3e-4",
     ]  # fmt: skip
     assert command.cwd == WORKDIR
-    assert command.files == {}
+    assert command.files == {"gpud_launch.py": launcher_main.source()}
 
 
 def test_torchrun_multi_node_module() -> None:
     # torch docs: torchrun ... -m/--module: "interpret the launch script as a Python module"
     command = build(make_spec(module="pkg.train", args=["--x"]), **multinode(1))
     assert command.argv == [
-        PY, "-m", "torch.distributed.run",
+        PY, LAUNCH, "torch.distributed.run",
         "--nnodes=2", "--nproc-per-node=4", "--node-rank=1",
         "--master-addr=10.0.0.1", "--master-port=29517",
         "--max-restarts=0", "--tee=3", f"--log-dir={ATTEMPT_DIR}/ranks",
@@ -111,7 +113,7 @@ def test_torchrun_argv_parses_with_torchs_own_parser(module: bool, rank: int) ->
     entry = {"module": "pkg.train"} if module else {"script": "train.py"}
     spec = make_spec(**entry, args=["--epochs", "3", "--name=x y"])
     argv = build(spec, **multinode(rank), resume_from="/ck/step-10").argv
-    assert argv[:3] == [PY, "-m", "torch.distributed.run"]
+    assert argv[:3] == [PY, LAUNCH, "torch.distributed.run"]
     args = get_args_parser().parse_args(argv[3:])
     assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "4", rank)
     assert (args.master_addr, args.master_port) == ("10.0.0.1", 29517)
@@ -130,20 +132,23 @@ def test_deepspeed_single_node_matches_the_documented_form() -> None:
     #     --master_addr=<addr> --master_port=<port> <client_entry.py> <client args>
     command = build(make_spec(launcher="deepspeed", args=["--steps", "5"]))
     assert command.argv == [
-        PY, "-m", "deepspeed.launcher.runner",
+        PY, LAUNCH, "deepspeed.launcher.runner",
         "--no_ssh", f"--hostfile={ATTEMPT_DIR}/hostfile",
         "--node_rank=0", "--num_nodes=1", "--num_gpus=4",
         "--master_addr=10.0.0.1", "--master_port=29517",
         "train.py", "--steps", "5",
     ]  # fmt: skip
-    assert command.files == {"hostfile": "node0 slots=4\n"}
+    assert command.files == {
+        "hostfile": "node0 slots=4\n",
+        "gpud_launch.py": launcher_main.source(),
+    }
     assert "GPUD_DEEPSPEED_CONFIG" not in command.env  # no `deepspeed:` section, no JSON
 
 
 def test_deepspeed_multi_node_module() -> None:
     command = build(make_spec(launcher="deepspeed", module="pkg.train"), **multinode(1))
     assert command.argv == [
-        PY, "-m", "deepspeed.launcher.runner",
+        PY, LAUNCH, "deepspeed.launcher.runner",
         "--no_ssh", f"--hostfile={ATTEMPT_DIR}/hostfile",
         "--node_rank=1", "--num_nodes=2", "--num_gpus=4",
         "--master_addr=10.0.0.1", "--master_port=29517",
@@ -162,7 +167,7 @@ def test_deepspeed_argv_and_hostfile_parse_with_deepspeeds_own_runner(
     spec = make_spec(launcher="deepspeed", **entry, args=["--epochs", "3"], deepspeed={})
     command = build(spec, **multinode(rank))
     argv = command.argv
-    assert argv[:3] == [PY, "-m", "deepspeed.launcher.runner"]
+    assert argv[:3] == [PY, LAUNCH, "deepspeed.launcher.runner"]
     args = parse_args(argv[3:])
     assert args.no_ssh is True
     assert (args.node_rank, args.num_nodes, args.num_gpus) == (rank, 2, 4)
@@ -228,7 +233,7 @@ def test_accelerate_multi_node_matches_the_documented_form() -> None:
     spec = make_spec(launcher="accelerate", args=["--bs", "8"])
     command = build(spec, **multinode(1))
     assert command.argv == [
-        PY, "-m", "accelerate.commands.launch",
+        PY, LAUNCH, "accelerate.commands.launch",
         "--multi_gpu", "--tee=3", f"--log_dir={ATTEMPT_DIR}/ranks",
         "--num_machines=2", "--num_processes=8", "--machine_rank=1",
         "--main_process_ip=10.0.0.1", "--main_process_port=29517", "--mixed_precision=no",
@@ -251,7 +256,7 @@ def test_accelerate_options_extra_args_and_module() -> None:
         },
     )
     assert build(spec, nproc_per_node=1, gpu_count=1).argv == [
-        PY, "-m", "accelerate.commands.launch",
+        PY, LAUNCH, "accelerate.commands.launch",
         "--num_machines=1", "--num_processes=1", "--machine_rank=0",
         "--main_process_ip=10.0.0.1", "--main_process_port=29517", "--mixed_precision=bf16",
         "--dynamo_backend=inductor", "--gradient_accumulation_steps=4",
@@ -278,7 +283,7 @@ def test_accelerate_argv_parses_with_accelerates_own_parser(
         accelerate={"mixed_precision": "fp16"},
     )
     argv = build(spec, nnodes=nnodes, node_rank=rank, nproc_per_node=nproc).argv
-    assert argv[:3] == [PY, "-m", "accelerate.commands.launch"]
+    assert argv[:3] == [PY, LAUNCH, "accelerate.commands.launch"]
     args = launch_command_parser().parse_args(argv[3:])
     assert args.multi_gpu is (nnodes * nproc > 1)
     assert args.cpu is False
@@ -638,7 +643,7 @@ def test_deepspeed_config_arg_null_passes_the_path_by_env_only() -> None:
     command = build(spec)
     assert command.argv[-1] == "--x"
     assert command.env["GPUD_DEEPSPEED_CONFIG"] == f"{ATTEMPT_DIR}/deepspeed.json"
-    assert set(command.files) == {"deepspeed.json"}
+    assert set(command.files) == {"deepspeed.json", "gpud_launch.py"}
 
 
 def test_deepspeed_config_needs_a_deepspeed_section() -> None:
