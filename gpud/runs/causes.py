@@ -20,8 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpud.hardware.events import XID_MEANINGS
-from gpud.runmodel import ECHO_KINDS, CauseKind, ExitInfo, FailureCause
-from gpud.runs.logparse import RootCause, failures, root_cause, split_rank
+from gpud.runmodel import (
+    EARLY_EXIT,
+    EARLY_EXIT_SOURCE,
+    ECHO_KINDS,
+    CauseKind,
+    ExitInfo,
+    FailureCause,
+)
+from gpud.runs.logparse import RootCause, failures, rank_parts, root_cause, split_rank
 from gpud.runs.shim import ROOM_BYTES, free_bytes
 from gpud.snapshot import GpuSample
 
@@ -223,21 +230,30 @@ class Traceback:
     local_rank: int | None
     summary: str  # the exception line
     lines: list[str]  # the end of the traceback, the exception line last
+    rank: int | None = None  # global, where torch's excepthook said (`[rank3]: ...`)
+
+    def global_rank(self, node_rank: int, nproc: int) -> int | None:
+        if self.local_rank is not None:
+            return node_rank * nproc + self.local_rank
+        return self.rank
 
 
-def last_traceback(text: str, local_rank: int | None = None) -> Traceback | None:
-    """The last Python traceback in the log (of one local rank, when given)."""
-    found: Traceback | None = None
-    block: dict[int | None, list[str]] = {}
+def tracebacks(text: str, local_rank: int | None = None) -> list[Traceback]:
+    """Every Python traceback in the log (of one local rank, when given), in the order
+    they ended. torchrun's `[default1]:` and torch's own `[rank1]: ` prefixes are read
+    and taken off; lines of different ranks may interleave."""
+    found: list[Traceback] = []
+    block: dict[tuple[int | None, int | None], list[str]] = {}
     for raw in text.splitlines():
-        local, line = split_rank(raw)
+        local, rank, line = rank_parts(raw)
         if local_rank is not None and local != local_rank:
             continue
+        key = (local, rank)
         body = line.lstrip()
         if body.startswith("Traceback (most recent call last):"):
-            block[local] = [line]
+            block[key] = [line]
             continue
-        current = block.get(local)
+        current = block.get(key)
         if current is None:
             continue
         if line.startswith((" ", "\t")) or not line.strip() or _chained(line):
@@ -248,9 +264,33 @@ def last_traceback(text: str, local_rank: int | None = None) -> Traceback | None
         current.append(line)
         summary = _cut(line)
         if summary and "ChildFailedError" not in summary:
-            found = Traceback(local, summary, current[-CONTEXT_LINES:])
-        block.pop(local)
+            found.append(Traceback(local, summary, current[-CONTEXT_LINES:], rank))
+        block.pop(key)
     return found
+
+
+def last_traceback(text: str, local_rank: int | None = None) -> Traceback | None:
+    """The last Python traceback in the log (of one local rank, when given)."""
+    found = tracebacks(text, local_rank)
+    return found[-1] if found else None
+
+
+def _trace_kind(trace: Traceback) -> CauseKind:
+    return kind_of(trace.summary) or kind_of("\n".join(trace.lines)) or CauseKind.USER
+
+
+def own_exception(text: str, local_rank: int | None) -> Traceback | None:
+    """The exception that failed this node's part: the failed rank's own traceback (of any
+    rank, when torchrun did not say which), unless that is a connection error and another
+    rank raised something else — a peer's knock-on error is never the cause while the
+    rank that died first said why (the earliest such exception)."""
+    every = tracebacks(text)
+    own = [t for t in every if local_rank is None or t.local_rank == local_rank]
+    trace = own[-1] if own else None
+    if trace is None or _trace_kind(trace) in ECHO_KINDS:
+        first = next((t for t in every if _trace_kind(t) not in ECHO_KINDS), None)
+        trace = first or trace
+    return trace
 
 
 def _chained(line: str) -> bool:
@@ -406,6 +446,16 @@ def _from_signal(
     )
 
 
+def exited_early(text: str, nproc: int) -> list[int]:
+    """The local ranks that exited 0 before the others failed: torchrun's end-of-run
+    summary lists every worker that did not exit 0 (those it ended once one failed too,
+    by SIGTERM), so a rank it leaves out had already ended well."""
+    listed = {f.local_rank for f in failures(text)}
+    if nproc <= 1 or not listed:
+        return []
+    return [local for local in range(nproc) if local not in listed]
+
+
 def find_cause(
     attempt_dir: Path,
     log_text: str,
@@ -421,9 +471,40 @@ def find_cause(
     Earliest error file first (the rank whose exception started it); but when that is a
     connection error and torchrun saw another rank die by a signal first, the signal is
     the cause and the connection error its echo. Then a signal (for an abort, the last
-    known line that rank printed before it, when there is one), the last traceback, the
-    last known line, and at worst the exit code. What to do about it: gpud.runs.hints.
+    known line that rank printed before it, when there is one; for an abort or fault after
+    a Python exception, the exception), a rank's own exception over a peer's connection
+    error, the last known line, and at worst the exit code. A connection error while a
+    rank of this node had exited 0 is that rank's early exit (issue 32 §1). What to do
+    about it: gpud.runs.hints.
     """
+    found = _find_cause(
+        attempt_dir, log_text, exit, node_rank=node_rank, nproc=nproc,
+        oom_killed=oom_killed, ended_at=ended_at,
+    )  # fmt: skip
+    early = exited_early(log_text, nproc) if found.kind in ECHO_KINDS else []
+    if not early:
+        return found
+    rank = node_rank * nproc + early[0]
+    return FailureCause(
+        kind=CauseKind.USER,
+        summary=f"rank {rank} {EARLY_EXIT}",
+        rank=rank,
+        source=EARLY_EXIT_SOURCE,
+        lines=[f"the others saw: {found.summary}"],
+        time=found.time,
+    )
+
+
+def _find_cause(
+    attempt_dir: Path,
+    log_text: str,
+    exit: ExitInfo,
+    *,
+    node_rank: int,
+    nproc: int,
+    oom_killed: bool,
+    ended_at: float | None,
+) -> FailureCause:
     root = root_cause(log_text)
     # A rank killed by a signal other than torchrun's own SIGTERM (sent to the others once
     # one failed) is the strongest evidence there is, wherever the summary lists it.
@@ -449,6 +530,18 @@ def find_cause(
                 step=first.step,
             )
     if died is not None:
+        trace = last_traceback(log_text, local) if died in AFTER_AN_EXCEPTION else None
+        if trace is not None:
+            # The rank raised, then died at teardown (gloo aborts it at interpreter exit,
+            # or a C++ destructor faults): the exception is the failure, not the signal.
+            return FailureCause(
+                kind=_trace_kind(trace),
+                summary=trace.summary,
+                rank=root_rank,
+                source="traceback",
+                lines=trace.lines,
+                time=ended_at,
+            )
         said = known_line(log_text, local) if died == "SIGABRT" and local is not None else None
         if said is not None:
             # An abort is how C++ ends a process on an uncaught exception (`terminate
@@ -459,15 +552,15 @@ def find_cause(
                 kind=kind, summary=line, rank=root_rank, source="log", lines=lines, time=ended_at
             )
         return _from_signal(root_rank, died, oom_killed, last_lines(log_text, local), ended_at)
-    trace = last_traceback(log_text, local)
+    trace = own_exception(log_text, local)
     if trace is not None:
-        rank = root_rank
-        if rank is None and trace.local_rank is not None:
-            rank = node_rank * nproc + trace.local_rank
+        rank = trace.global_rank(node_rank, nproc)
+        if rank is None:
+            rank = root_rank
         if rank is None and nproc == 1:
             rank = node_rank
         return FailureCause(
-            kind=kind_of(trace.summary) or kind_of("\n".join(trace.lines)) or CauseKind.USER,
+            kind=_trace_kind(trace),
             summary=trace.summary,
             rank=rank,
             source="traceback",
@@ -495,6 +588,9 @@ def find_cause(
     )
 
 
+#: How a rank that raised may still end: gloo aborts it at interpreter exit, a C++
+#: destructor faults. Its traceback, printed before, is the failure.
+AFTER_AN_EXCEPTION = frozenset({"SIGABRT", "SIGSEGV"})
 #: What torchrun (and gpud's stop) send to the ranks that are left: never a cause.
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
 

@@ -12,16 +12,32 @@ from dataclasses import dataclass
 
 from gpud.snapshot import Severity
 
-#: torchrun --tee prefixes every worker line with `[<role><local_rank>]:`.
-RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:")
+#: torchrun --tee prefixes every worker line with `[<role><local_rank>]:` (the role is
+#: `default` unless `--role` names another; never `rank`, which is torch's own, below).
+RANK_PREFIX = re.compile(r"^\[(?!rank\d)(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:")
+#: torch.distributed's excepthook (installed by `init_process_group`) prefixes each line of
+#: an uncaught exception's report with `[rank<global rank>]: `, inside torchrun's prefix:
+#: `[default1]:[rank1]: Traceback (most recent call last):`.
+EXCEPTHOOK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]: ?")
+
+
+def rank_parts(line: str) -> tuple[int | None, int | None, str]:
+    """(local rank from torchrun's prefix, global rank from torch's excepthook prefix,
+    the text without either); None for a prefix the line does not have."""
+    match = RANK_PREFIX.match(line)
+    local = int(match["local"]) if match else None
+    text = line[match.end() :] if match else line
+    hook = EXCEPTHOOK_PREFIX.match(text)
+    if hook is None:
+        return local, None, text
+    return local, int(hook["rank"]), text[hook.end() :]
 
 
 def split_rank(line: str) -> tuple[int | None, str]:
-    """(local rank, text without the prefix) for a prefixed line; (None, line) otherwise."""
-    match = RANK_PREFIX.match(line)
-    if not match:
-        return None, line
-    return int(match["local"]), line[match.end() :]
+    """(local rank, text without the prefixes) for a line torchrun prefixed; (None, the
+    line without torch's `[rankN]: `) otherwise."""
+    local, _, text = rank_parts(line)
+    return local, text
 
 
 @dataclass(frozen=True)

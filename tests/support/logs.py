@@ -1,5 +1,10 @@
 """Log text as real launchers print it, shared by the tests that parse it."""
 
+from pathlib import Path
+
+#: Whole outputs kept as they were printed (long lines, trailing blanks and all).
+_TEXT = Path(__file__).parent / "logtext"
+
 #: torchrun's end-of-run summary after rank 3 (node 1, local rank 1) was SIGKILLed.
 TORCHRUN_FAILURE = """\
 [default0]:step 10 loss 1.0
@@ -74,3 +79,13 @@ DEVICE_ASSERT_MESSAGE = (
     "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
     "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
 )
+
+
+# Real torchrun 2.13 output, 2 ranks on one node (gloo), its paths cut: torchrun's
+# `[default1]:` and, inside it on a traceback, torch's excepthook's `[rank1]: `.
+
+#: Rank 1 raised ValueError at step 20; rank 0 then failed on the closed connection.
+TORCHRUN_RAISED = (_TEXT / "torchrun_raised.txt").read_text()
+#: Rank 1 exited 0 at step 20 while rank 0 trained: rank 0 failed on the closed connection,
+#: and torchrun's summary lists rank 0 only.
+TORCHRUN_EARLY_EXIT = (_TEXT / "torchrun_early_exit.txt").read_text()

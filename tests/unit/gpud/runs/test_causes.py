@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import CauseKind, ExitInfo
+from gpud.runmodel import EARLY_EXIT, EARLY_EXIT_SOURCE, CauseKind, ExitInfo
 from gpud.runs.causes import find_cause, hardware_cause, kind_of, last_traceback, oom_kills
 from gpud.snapshot import GpuSample, XidRecord, XidSummary
-from tests.support.logs import TORCHRUN_FAILURE
+from tests.support.logs import TORCHRUN_EARLY_EXIT, TORCHRUN_FAILURE, TORCHRUN_RAISED
 
 SIGKILLED = TORCHRUN_FAILURE
 
@@ -146,9 +146,10 @@ def test_an_unmodified_script_gets_the_last_traceback_of_the_failed_rank(tmp_pat
     cause = find_cause(tmp_path, TRACEBACK + summary, ExitInfo(exit_code=1), node_rank=1, nproc=2)
     assert (cause.kind, cause.rank, cause.summary) == (CauseKind.USER, 3, "KeyError: 17")
     assert cause.lines[0] == "Traceback (most recent call last):"
-    # Without torchrun's summary: the last traceback in the log, whoever printed it.
+    # Without torchrun's summary: the rank that raised, not its peer's connection error
+    # (which comes last in the log), whoever printed them (issue 32 §1).
     plain = find_cause(tmp_path, TRACEBACK, ExitInfo(exit_code=1), node_rank=0, nproc=2)
-    assert plain.kind is CauseKind.NETWORK and plain.rank == 0
+    assert (plain.kind, plain.rank, plain.summary) == (CauseKind.USER, 1, "KeyError: 17")
 
 
 def test_a_single_process_traceback_and_a_known_line_and_nothing_at_all(tmp_path: Path) -> None:
@@ -222,3 +223,72 @@ def test_an_xid_on_the_parts_gpus_just_before_the_failure_is_the_cause() -> None
     assert hardware_cause(gpus, ["GPU-1"], started=None, ended=995.0 + 61) is None
     lost = hardware_cause([gpu(3, lost=True)], ["GPU-3"], started=None, ended=10.0)
     assert lost is not None and lost.summary.startswith("GPU 3 (GPU-3) is lost")
+
+
+# --------------------------------------------------------------------------- torch's prefixes
+# Issue 32 §1: real torchrun output of a script that knows nothing of gpud.
+
+
+def test_a_rank_that_raised_is_the_cause_not_its_peers_connection_error(tmp_path: Path) -> None:
+    cause = find_cause(tmp_path, TORCHRUN_RAISED, ExitInfo(exit_code=1), node_rank=0, nproc=2)
+    assert (cause.kind, cause.rank, cause.source) == (CauseKind.USER, 1, "traceback")
+    assert cause.summary == "ValueError: bad batch on rank 1"
+    assert cause.lines[0] == "Traceback (most recent call last):"  # both prefixes taken off
+    assert cause.lines[-1] == "ValueError: bad batch on rank 1"
+    # torchrun's "first observed" is only as good as whole-second clocks: naming rank 0
+    # (whose error is the connection) changes nothing
+    swapped = (
+        TORCHRUN_RAISED.replace("rank      : 1 (local_rank: 1)", "rank      : X")
+        .replace("rank      : 0 (local_rank: 0)", "rank      : 1 (local_rank: 1)")
+        .replace("rank      : X", "rank      : 0 (local_rank: 0)")
+    )
+    again = find_cause(tmp_path, swapped, ExitInfo(exit_code=1), node_rank=0, nproc=2)
+    assert (again.kind, again.rank, again.summary) == (
+        CauseKind.USER, 1, "ValueError: bad batch on rank 1",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("signal", ["SIGABRT", "SIGSEGV"])
+def test_a_rank_that_raised_then_aborted_at_teardown_failed_by_its_exception(
+    tmp_path: Path, signal: str
+) -> None:
+    number = {"SIGABRT": 6, "SIGSEGV": 11}[signal]
+    aborted = TORCHRUN_RAISED.replace(
+        "exitcode  : 1 (pid: 23305) ", f"exitcode  : -{number} (pid: 23305)  ({signal})"
+    )
+    assert f"({signal})" in aborted
+    cause = find_cause(tmp_path, aborted, ExitInfo(exit_code=1), node_rank=0, nproc=2)
+    assert (cause.kind, cause.rank, cause.summary) == (
+        CauseKind.USER, 1, "ValueError: bad batch on rank 1",
+    )  # fmt: skip
+
+
+def test_a_rank_that_exited_0_while_its_peer_trained_is_the_cause(tmp_path: Path) -> None:
+    cause = find_cause(tmp_path, TORCHRUN_EARLY_EXIT, ExitInfo(exit_code=1), node_rank=0, nproc=2)
+    assert (cause.kind, cause.rank, cause.source) == (CauseKind.USER, 1, EARLY_EXIT_SOURCE)
+    assert cause.summary == f"rank 1 {EARLY_EXIT}"
+    assert cause.lines[0].startswith("the others saw: RuntimeError: [")
+    assert "Connection closed by peer" in cause.lines[0]
+    # on the node's second part of a two-node run the same rank is global rank 3
+    second = find_cause(tmp_path, TORCHRUN_EARLY_EXIT, ExitInfo(exit_code=1), node_rank=1, nproc=2)
+    assert second.rank == 3 and second.summary == f"rank 3 {EARLY_EXIT}"
+
+
+def test_a_log_without_torchruns_prefix_keeps_the_ranks_of_torchs_apart(tmp_path: Path) -> None:
+    # DeepSpeed's launcher and a lone process print no `[defaultN]:`; torch's excepthook
+    # still says the global rank, and two ranks' tracebacks may interleave
+    log = (
+        "[rank3]: Traceback (most recent call last):\n"
+        "[rank2]: Traceback (most recent call last):\n"
+        '[rank3]:   File "/srv/train.py", line 9, in <module>\n'
+        '[rank2]:   File "/srv/train.py", line 7, in <module>\n'
+        "[rank3]: KeyError: 17\n"
+        "[rank2]: RuntimeError: Connection closed by peer [10.0.0.2]:4100\n"
+    )
+    cause = find_cause(tmp_path, log, ExitInfo(exit_code=1), node_rank=1, nproc=2)
+    assert (cause.kind, cause.rank, cause.summary) == (CauseKind.USER, 3, "KeyError: 17")
+    assert cause.lines == [
+        "Traceback (most recent call last):",
+        '  File "/srv/train.py", line 9, in <module>',
+        "KeyError: 17",
+    ]

@@ -86,6 +86,10 @@ def test_trouble_lines_are_recognised(line: str, kind: str | None) -> None:
 def test_rank_prefix_and_metric_regexes() -> None:
     assert split_rank("[default3]:hello") == (3, "hello")
     assert split_rank("no prefix") == (None, "no prefix")
+    # torch's excepthook inside torchrun's prefix, and alone (its rank is global, not local)
+    assert split_rank("[default1]:[rank1]: Traceback (x)") == (1, "Traceback (x)")
+    assert split_rank("[rank3]: KeyError: 17") == (None, "KeyError: 17")
+    assert split_rank("[default0]:[rank3]:") == (0, "")
     extract = MetricExtractor(
         [r"iter (?P<step>\d+): loss (?P<loss>[0-9.]+), time (?P<ms>[0-9.]+)ms"]
     )
