@@ -1,10 +1,11 @@
-"""Which checkpoint a new attempt of a run starts from: only ever one the run wrote.
+"""Which checkpoint a new attempt of a run starts from: only ever a whole one the run wrote.
 
 A checkpoint counts for a run when its trainer reported it, or when it matches
 `resume.pattern` and was written after the run was created (its mtime). A shared
 `out_dir` often holds an earlier run's `ckpt.pt`; resuming from that would jump to the
 other run's step and report success with nothing trained. `gpuctl resume --from PATH`
-names one explicitly, whoever wrote it.
+names one explicitly, whoever wrote it. A checkpoint that is not whole (a save a full
+disk cut short: `gpud.checkpoints.whole`) is passed over, saying so, for the next older.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import glob
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from gpud.checkpoints.whole import broken
 from gpud.runmodel import RunRecord
 from launch.spec import RunSpec, parse_spec
 
@@ -72,15 +74,27 @@ def newest_checkpoint(
         if not os.path.basename(path).startswith("."):
             candidates.append(path)
     dated = [(when, p) for p in candidates if (when := _mtime(p)) is not None]
-    ours = [(when, p) for when, p in dated if when >= created_at]
+    ours = sorted(((when, p) for when, p in dated if when >= created_at), reverse=True)
     older = len(dated) - len(ours)
     passed_over = (
         f"passed over {older} older match(es) of {pattern} written before the run was created"
         if older
         else None
     )
-    notes = "; ".join(n for n in (passed_over, cut) if n) or None
-    return (max(ours)[1] if ours else None), notes
+    chosen, not_whole = _newest_whole(p for _, p in ours)
+    notes = "; ".join(n for n in (*not_whole, passed_over, cut) if n) or None
+    return chosen, notes
+
+
+def _newest_whole(newest_first: Iterable[str]) -> tuple[str | None, list[str]]:
+    """The first whole checkpoint, and a note for each one passed over before it."""
+    notes: list[str] = []
+    for path in newest_first:
+        why = broken(path)
+        if why is None:
+            return path, notes
+        notes.append(f"passed over {path}: {why}")
+    return None, notes
 
 
 def unset_dir_warning(spec: RunSpec, checkpoint_dir: str, *, looked: bool = False) -> str | None:
@@ -103,16 +117,22 @@ def find_checkpoint(run: RunRecord) -> ResumePoint:
     spec = parse_spec(run.spec)
     how = spec.resume.latest
     reported = run.last_checkpoint
+    not_whole = None
     if how in ("reported", "auto") and reported and os.path.exists(reported.path):
-        return ResumePoint(reported.path, reported.step)
+        why = broken(reported.path)
+        if why is None:
+            return ResumePoint(reported.path, reported.step)
+        not_whole = f"passed over {reported.path}: {why}"
     if how == "reported":
-        return ResumePoint(None, note="the trainer reported no checkpoint")
+        return ResumePoint(None, note=not_whole or "the trainer reported no checkpoint")
     path, passed_over = newest_checkpoint(spec.resume.pattern, run.checkpoint_dir, run.created_at)
     if path is not None:
         step = reported.step if reported and reported.path == path else None
-        return ResumePoint(path, step, passed_over)
+        note = "; ".join(n for n in (not_whole, passed_over) if n) or None
+        return ResumePoint(path, step, note)
     notes = [
         "no checkpoint of this run",
+        not_whole,
         passed_over,
         unset_dir_warning(spec, run.checkpoint_dir, looked=True),
     ]
@@ -125,4 +145,7 @@ def explicit_checkpoint(path: str) -> ResumePoint:
         raise ValueError(f"--from {path}: give an absolute path (it is read on the nodes)")
     if not os.path.exists(path):
         raise ValueError(f"--from {path}: no such file or directory on node 0")
+    why = broken(path)
+    if why is not None:
+        raise ValueError(f"--from {path}: not a whole checkpoint ({why}); name another")
     return ResumePoint(path, note="chosen with --from")

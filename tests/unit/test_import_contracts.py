@@ -36,6 +36,7 @@ IO_PROJECT_MODULES = (
     "gpud.audit",
     "gpud.auth",
     "gpud.baselines",
+    "gpud.checkpoints",
     "gpud.cli",
     "gpud.client",
     "gpud.control",

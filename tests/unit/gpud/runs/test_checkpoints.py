@@ -77,3 +77,24 @@ def test_resume_args_without_a_checkpoint_dir_is_said_in_one_line() -> None:
         spec(resume={"args": ["--resume"], "pattern": "/out/ckpt.pt"}),
     ):
         assert unset_dir_warning(fine, "/x") is None
+
+
+def test_a_newest_checkpoint_cut_short_is_passed_over_for_the_one_before(tmp_path: Path) -> None:
+    import torch
+
+    for step, when in ((10, 2000), (20, 3000)):
+        file = tmp_path / f"step_{step}.pt"
+        torch.save({"step": step}, file)
+        os.utime(file, (when, when))
+    newest = tmp_path / "step_20.pt"
+    newest.write_bytes(newest.read_bytes()[:300])  # the save the full disk cut short
+    os.utime(newest, (3000, 3000))
+    path, note = newest_checkpoint("step_*.pt", str(tmp_path), created_at=1500)
+    assert path == str(tmp_path / "step_10.pt")
+    assert note == (
+        f"passed over {newest}: cut short: a zip archive without its central directory (300 bytes)"
+    )
+    (tmp_path / "step_10.pt").write_bytes(b"PK\x03\x04")  # and the one before, too
+    os.utime(tmp_path / "step_10.pt", (2000, 2000))
+    path, note = newest_checkpoint("step_*.pt", str(tmp_path), created_at=1500)
+    assert path is None and note is not None and note.count("passed over") == 2
