@@ -60,10 +60,12 @@ COLLECTIVE_TIMEOUT = re.compile(
 EXIT_BARRIER_MARKS = ("in _exit_barrier", "Waiting 300 seconds for other agents to finish")
 
 # The known signatures, by name: gpud.runs.hints says what to do about each.
-#: What a full disk says: errno's words and numbers, SQLite's, the trainers library's.
+#: What a full disk says: errno's words and numbers, SQLite's, the trainers library's, and
+#: torch's zip writer when a save runs out of room (`[enforce fail at inline_container.cc:672]
+#: . unexpected pos 8192 vs 8086`, or "file write failed").
 DISK_FULL_LINE = re.compile(
     r"No space left on|ENOSPC|\[Errno 28\]|Disk quota exceeded|EDQUOT|\[Errno 122\]"
-    r"|database or disk is full",
+    r"|database or disk is full|unexpected pos \d+ vs \d+|PytorchStreamWriter failed writing",
     re.I,
 )
 DISK_FULL = FailurePattern(
