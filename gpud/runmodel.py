@@ -697,6 +697,16 @@ def new_run_id(name: str) -> str:
 #: scaling read them.
 SAMPLES_PER_S_NAMES = ("samples_per_s", "samples/s", "samples_per_sec", "throughput")
 TOKENS_PER_S_NAMES = ("tokens_per_s", "tokens/s", "tokens_per_sec")
+#: Metric names a script's pattern may capture its step time under, with their unit in s.
+STEP_TIME_NAMES = {"step_time_s": 1.0, "step_time_ms": 1e-3}
+
+
+def logged_step_time(values: Mapping[str, float]) -> float | None:
+    """The step time, in seconds, a script logged (a pattern's `step_time_ms`...)."""
+    for name, unit in STEP_TIME_NAMES.items():
+        if values.get(name, 0) > 0:
+            return values[name] * unit
+    return None
 
 
 def logged_rate(values: Mapping[str, float], names: Sequence[str]) -> tuple[str, float] | None:

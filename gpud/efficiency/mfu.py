@@ -38,6 +38,10 @@ NO_SOURCE = (
 )
 NO_GPU = "no GPU: the run trains on CPU"
 SIMULATED = "simulated GPU: its work runs on the CPU, so no peak applies"
+NO_RATE = (
+    "no step rate yet: the run has reported no step time and not two steps lately"
+    " (or training.batch_size_per_gpu is unset)"
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ def utilization(inputs: FlopsInputs, gpus: RunGpus, precision: str | None) -> Ru
         named += " (simulated)"
     peak = model.peak_flops(dtype) if model and not gpus.simulated else None
     base = base.model_copy(update={"gpu_model": named, "peak_flops_per_gpu": peak})
+    if flops is None:  # no FLOP rate at all: that is the news, whatever the GPUs
+        return base.model_copy(update={"why_not": _no_flops(inputs)})
     if gpus.count == 0 or not gpus.names:
         return base.model_copy(update={"why_not": NO_GPU})
     if gpus.simulated:
@@ -113,9 +119,14 @@ def utilization(inputs: FlopsInputs, gpus: RunGpus, precision: str | None) -> Ru
         )
     if peak is None:
         return base.model_copy(update={"why_not": f"the table has no {dtype} peak for {named}"})
-    if flops is None:
-        return base.model_copy(update={"why_not": NO_SOURCE})
     return base.model_copy(update={"mfu": round(flops / (peak * gpus.count), 6)})
+
+
+def _no_flops(inputs: FlopsInputs) -> str:
+    """Why there is no FLOP rate: no source named, or a source without a rate to apply."""
+    if inputs.flops_per_sample or inputs.model_params:
+        return NO_RATE
+    return NO_SOURCE
 
 
 __all__ = [

@@ -1,5 +1,7 @@
 """A run's `RunFlops` from what node 0's daemon holds: its spec, its ranks' heartbeats,
-rank 0's latest metrics, its lease and the node's latest hardware sample.
+rank 0's latest metrics, its lease and the node's latest hardware sample. Where no rank
+beats (a script that knows nothing of gpud), its step time is the one its pattern
+captured (`step_time_ms`), else the pace of the steps it printed (issue 32 §4).
 
 The GPUs are node 0's leased ones; a run on several nodes is assumed to use the same model
 and count on each node of its attempt (a gang is leased alike on every node).
@@ -11,7 +13,13 @@ from collections.abc import Mapping, Sequence
 
 from gpud.efficiency.mfu import FlopsInputs, RunGpus, utilization
 from gpud.efficiency.model import RunFlops
-from gpud.runmodel import RankView, RunRecord, samples_per_rank_step, throughput
+from gpud.runmodel import (
+    RankView,
+    RunRecord,
+    logged_step_time,
+    samples_per_rank_step,
+    throughput,
+)
 from gpud.snapshot import NodeSnapshot
 from launch.spec import RunSpec
 
@@ -44,10 +52,15 @@ def run_flops(
     world_size: int | None,
     logged: Mapping[str, float],
     gpus: RunGpus,
+    pace_s: float | None = None,
 ) -> RunFlops:
-    """The run's efficiency now (while it trains: the rates are the recent ones)."""
+    """The run's efficiency now (while it trains: the rates are the recent ones). `pace_s`:
+    seconds per step from the steps the run printed lately (None: too few)."""
     training = spec.training
     step_times = [r.step_time_s for r in ranks if r.step_time_s]
+    if not step_times:
+        found = logged_step_time(logged) or pace_s
+        step_times = [found] if found else []
     samples, tokens = throughput(
         logged,
         step_times,

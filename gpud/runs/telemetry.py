@@ -57,6 +57,9 @@ SLOWDOWN = frozenset(
 )
 
 
+#: A script's pace (seconds per step) is taken over the steps it printed in this window.
+PACE_WINDOW_S = 30.0
+PACE_STEPS = 64
 #: Heartbeats whose compute times make up a rank's window (about 5 s of them).
 WINDOW = 10
 #: A heartbeat this long after the rank's previous one (three intervals) ends a pause
@@ -88,6 +91,17 @@ class _RunTelemetry:
     stragglers: StragglerWatch = field(default_factory=StragglerWatch)
     output_at: float | None = None  # when this node's part last printed a line
     step: tuple[int, float] | None = None  # the newest metric step, and when it came
+    #: The steps seen lately, and when: a script's pace where nothing beats.
+    seen: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=PACE_STEPS))
+
+    def pace(self, now: float) -> float | None:
+        """Seconds per step over the steps seen in the last PACE_WINDOW_S (None: fewer
+        than two, or none lately: a run that stopped stepping has no rate)."""
+        recent = [(step, at) for step, at in self.seen if now - at <= PACE_WINDOW_S]
+        if len(recent) < 2:
+            return None
+        (first, began), (last, ended) = recent[0], recent[-1]
+        return (ended - began) / (last - first) if last > first and ended > began else None
 
 
 class Telemetry:
@@ -145,6 +159,7 @@ class Telemetry:
         state = self._of(run.id, attempt)
         if state.step is None or step > state.step[0]:
             state.step = (step, self.book.clock())
+            state.seen.append(state.step)
 
     def probe(self, run: RunRecord, message: ProbeMessage) -> None:
         state = self._of(run.id, message.attempt)
@@ -318,12 +333,14 @@ class Telemetry:
             return summary
         latest = self.book.store.latest_metrics(run.id)
         lease = part.record.gpu_uuids if part is not None else []
+        state = self.runs.get(run.id)
         found = run_flops(
             parse_spec(run.spec),
             summary.ranks,
             summary.world_size,
             latest[1] if latest else {},
             run_gpus(run, lease, self.hardware()),
+            state.pace(self.book.clock()) if state and state.attempt == summary.attempt else None,
         )
         return summary.model_copy(update={"flops": found})
 

@@ -117,3 +117,37 @@ def test_the_specs_flops_per_sample_on_a_cpu_run(daemons: Daemons, tmp_path: Pat
     assert found["mfu"] is None and found["why_not"] == NO_GPU and found["gpus"] == 0
     assert "flops     200.0 GFLOP/s (training.flops_per_sample × samples/s)" in text
     assert f"mfu       n/a: {NO_GPU}" in text
+
+
+#: A script that knows nothing of gpud (issue 32 §4): it prints its step and loss, ~20
+#: steps a second, and logs no step time; nanoGPT's size is in the spec.
+PRINTS_STEPS = """
+import time
+for step in range(1_000_000):
+    print(f"iter {step}: loss {1 / (step + 1):.4f}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_plain_scripts_printed_steps_give_its_flop_rate(daemons: Daemons, tmp_path: Path) -> None:
+    daemon = daemons(simulate_gpus=None)
+    spec = script_spec(tmp_path, PRINTS_STEPS, name="prints-steps")
+    spec.write_text(
+        spec.read_text()
+        + 'metrics: [{pattern: "iter (?P<step>\\\\d+): loss (?P<loss>[\\\\d.]+)"}]\n'
+        + "training: {batch_size_per_gpu: 12, seq_len: 1024, model_params: 124000000}\n"
+    )
+    run_id = launch(daemon, config=spec)
+    try:
+        wait_for_step(daemon, run_id, 20)
+        found = flops_when_known(daemon, run_id)
+        text = gpuctl("--node", daemon.address, "status", run_id).stdout
+    finally:
+        force_stop(daemon, run_id)
+    # 12 × 1024 tokens a step, a step every ~50 ms (more on a busy machine), 6 × 124e6
+    # FLOPs a token: ~1.5e14 FLOP/s at most
+    assert found["source"] == "model_params"
+    rate = found["flops_per_second"]
+    assert isinstance(rate, float) and 1e13 < rate <= 12 * 1024 / 0.05 * 6 * 124e6 * 1.05
+    assert found["why_not"] == NO_GPU  # a FLOP rate; no MFU on the CPU
+    assert "flops     " in text and "(6 × training.model_params × tokens/s)" in text, text

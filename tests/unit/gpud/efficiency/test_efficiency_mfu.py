@@ -6,6 +6,7 @@ import pytest
 
 from gpud.efficiency.mfu import (
     NO_GPU,
+    NO_RATE,
     NO_SOURCE,
     SIMULATED,
     FlopsInputs,
@@ -122,6 +123,19 @@ def test_no_source_says_how_to_give_one() -> None:
     found = utilization(FlopsInputs(), EIGHT_H100, "bf16")
     assert found.flops_per_second is None and found.why_not == NO_SOURCE
     assert found.peak_flops_per_gpu == pytest.approx(989.4 * TERA)
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [RunGpus(names=[H100], count=1, simulated=True), RunGpus(), EIGHT_H100],
+    ids=["simulated", "cpu", "h100"],
+)
+def test_no_flop_rate_is_said_before_what_the_gpus_would_say(gpus: RunGpus) -> None:
+    # Issue 32 §4: on simulated GPUs the line said "simulated GPU", hiding that there
+    # was no FLOP rate at all.
+    assert utilization(FlopsInputs(), gpus, "bf16").why_not == NO_SOURCE
+    named = FlopsInputs(model_params=124e6, world_size=1)  # a source, but no rate to apply
+    assert utilization(named, gpus, "bf16").why_not == NO_RATE
 
 
 @pytest.mark.parametrize(
