@@ -619,6 +619,26 @@ def _env_value(value: Any) -> Any:
 # --------------------------------------------------------------------------- loading
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """YAML 1.2's booleans (true/false only): under YAML 1.1's, `restart: {on: [user]}`
+    read as `{True: [user]}` and failed with a line no one could act on. A value such as
+    `queue: yes` still validates as true (pydantic reads yes/no/on/off)."""
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SpecLoader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_SpecLoader)  # a SafeLoader: no tags, no objects
+
+
 def _split_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise SpecError(f"--set {text!r}: expected KEY.PATH=VALUE")
@@ -627,7 +647,7 @@ def _split_override(text: str) -> tuple[list[str], Any]:
     if not all(keys):
         raise SpecError(f"--set {text!r}: empty key in {path!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return keys, value
@@ -782,7 +802,7 @@ def load_spec(path: Path, overrides: list[str] | None = None, name: str | None =
     except OSError as exc:
         raise SpecError(f"{source}: cannot read: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = _yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""

@@ -245,3 +245,19 @@ def test_logs_max_bytes_takes_a_size_and_defaults_to_the_daemons(tmp_path: Path)
     spec = load_spec(write(tmp_path, MINIMAL + "logs:\n  max_bytes: 200kB\n"))
     assert spec.logs.max_bytes == 200_000
     assert load_spec(write(tmp_path, MINIMAL), ["logs.max_bytes=2GiB"]).logs.max_bytes == 2**31
+
+
+def test_yaml_on_off_yes_no_are_words_in_keys_and_still_booleans_in_values(
+    tmp_path: Path,
+) -> None:
+    # YAML 1.1 reads `on:` as the key True: `restart: {on: [user]}` was refused with
+    # "restart.1: Keys should be strings"
+    path = write(
+        tmp_path,
+        "name: r\nscript: train.py\nqueue: yes\nrestart: {max_attempts: 1, on: [user, signal]}\n",
+    )
+    spec = load_spec(path)
+    assert [kind.value for kind in spec.restart.on] == ["user", "signal"]
+    assert spec.queue is True
+    again = load_spec(path, ["restart.on=[hang]", "queue=off"])
+    assert [kind.value for kind in again.restart.on] == ["hang"] and again.queue is False
