@@ -21,6 +21,8 @@ Pure: run records and specs in, decisions out.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 from gpud.runmodel import RunRecord
 from launch.spec import RunSpec
@@ -91,3 +93,36 @@ def grad_accum_for(spec: RunSpec, nodes_now: int, nodes_full: int) -> int | None
         return None
     base = spec.training.gradient_accumulation or 1
     return math.ceil(base * nodes_full / nodes_now)
+
+
+#: A script that reads the accumulation gpud sets, or imports the library that does.
+_READS_GRAD_ACCUM = re.compile(r"GPUD_GRAD_ACCUM|^\s*(?:from|import)\s+trainers\b", re.M)
+#: The most of a script read to find out.
+SCRIPT_READ_MAX = 1 << 20
+
+
+def reads_grad_accum(spec: RunSpec, library: bool) -> bool:
+    """Whether the run's script takes GPUD_GRAD_ACCUM: it uses the trainers library (a rank
+    said hello), or its text names the variable or imports the library. A script this
+    node cannot read counts as not (issue 32 §6: the event must not promise a kept batch)."""
+    if library:
+        return True
+    if spec.script is None:
+        return False
+    path = Path(spec.workdir or ".") / spec.script
+    try:
+        with path.open(errors="replace") as f:
+            text = f.read(SCRIPT_READ_MAX)
+    except OSError:
+        return False
+    return _READS_GRAD_ACCUM.search(text) is not None
+
+
+def batch_note(grad_accum: int, kept: bool) -> str:
+    """What an elastic attempt's event says of its batch."""
+    if kept:
+        return f", gradient accumulation {grad_accum} (the global batch kept)"
+    return (
+        f", GPUD_GRAD_ACCUM={grad_accum}, which the script does not read: its global batch"
+        " shrinks with the nodes (the trainers library, or a script that reads it, keeps it)"
+    )

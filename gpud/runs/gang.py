@@ -728,6 +728,8 @@ class Gang:
             await self._release(run, attempt)
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
         self.book.store.lease_port(port, run.id, attempt, self.book.clock())
+        earlier = self.book.current_part(run)  # the attempt before: did its ranks say hello?
+        library = earlier is not None and earlier.record.library
         before = elastic.members_of(run, spec)
         full = len(elastic.primary(run, spec))
         grad_accum = elastic.grad_accum_for(spec, len(members), full)
@@ -750,7 +752,7 @@ class Gang:
         self._stops.forget(run.id)
         shape = f", on {words}" if spec.elastic is not None else ""
         if grad_accum is not None:
-            shape += f", gradient accumulation {grad_accum} (the global batch kept)"
+            shape += elastic.batch_note(grad_accum, elastic.reads_grad_accum(spec, library))
         self.book.event(run, "attempt", f"attempt {attempt}: {why}, {point.describe()}{shape}")
         self.local.start_part(run, spec, attempt, master_addr, port, point)
         run = self.book.move(

@@ -66,7 +66,13 @@ class GoodputKeeper:
         clock.stepped(attempt, step, now)
         if first and attempt > 1:
             part = self.book.current_part(run)
-            clock.next_attempt(attempt, part.record.resume_step if part else None)
+            resume = part.record.resume_step if part else None
+            if resume is None and part is not None and part.record.resume_from and step > 0:
+                # A script that knows nothing of gpud resumed from a checkpoint whose step
+                # nobody reported: its first step says where that checkpoint left it.
+                resume = step - 1
+                self.book.update_part(part, resume_step=resume)
+            clock.next_attempt(attempt, resume)
         if first:
             self._save(run.id, clock, now)
 

@@ -122,10 +122,14 @@ class Intake:
     def record_metrics(self, run: RunRecord, points: list[MetricPoint]) -> None:
         self.store.add_metrics(points)
         newest = max(points, key=lambda p: p.step)
+        oldest = min(points, key=lambda p: p.step)
         self.book.note_step(run.id, newest.step)
         self.telemetry.stepped(run, newest.attempt, newest.step)
         with self.ledger.charge("goodput"):
-            self.goodput.stepped(run, newest.attempt, newest.step, self.clock())
+            now = self.clock()
+            if oldest.step != newest.step:  # an attempt's first step is its first, not the
+                self.goodput.stepped(run, oldest.attempt, oldest.step, now)  # batch's last
+            self.goodput.stepped(run, newest.attempt, newest.step, now)
         self.book.publish(run_topic(run.id, "metrics"), gang.metrics_event(run.id, points))
 
     # ================================================================== output

@@ -142,7 +142,7 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
         assert "on 2/3 nodes (0, 1), world 2" in shown, shown
         events = [e.message for e in s.events if e.kind == "attempt"]
         assert any("on 2/3 node(s) without node(s) 2" in m for m in events), events
-        assert any("gradient accumulation 3" in m for m in events), events
+        assert any("gradient accumulation 3 (the global batch kept)" in m for m in events), events
         assert run_series(port, run_id) == {
             "gpud_run_world_size": 2, "gpud_run_nodes": 2, "gpud_run_planned_nodes": 3,
         }  # fmt: skip

@@ -9,18 +9,21 @@ second of the run's wall time is in one bucket, and each bucket holds what happe
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from gpud.runmodel import RunState
 from tests.support.daemons import RunningDaemon, gpuctl
-from tests.support.runs import FAST, kill_rank, launch, status, wait_for
+from tests.support.runs import FAST, kill_rank, launch, script_spec, status, wait_for
 from tests.support.waiting import until
 
+pytestmark = [pytest.mark.slow]
+
+
 # A 5 s hang timeout: on a machine loaded by other tests, a slow step reads as a hang.
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
-
-
+@pytest.mark.alone
 def test_a_hang_and_a_kill_are_where_the_wall_time_went(daemon: RunningDaemon) -> None:
     run_id = launch(
         daemon,
@@ -74,3 +77,52 @@ def test_a_hang_and_a_kill_are_where_the_wall_time_went(daemon: RunningDaemon) -
     assert f"{g.ratio * 100:.0f}% [" in line and "stalled " in line and "lost " in line, line
     shown = json.loads(gpuctl("--node", daemon.address, "--json", "status", run_id).stdout)
     assert shown["goodput"]["attempts"][2]["resume_step"] == third.resume_step
+
+
+#: A script that knows nothing of gpud (issue 32 §6): it saves its step in a file every 10
+#: steps and resumes from GPUD_RESUME_FROM; in attempt 1 it raises after step 37. No torch.
+SAVES_STEPS = """
+import os, sys, time
+out = sys.argv[1]
+start = int(open(os.environ["GPUD_RESUME_FROM"]).read()) if "GPUD_RESUME_FROM" in os.environ else 0
+for step in range(start, 60):
+    print(f"iter {step}: loss {1 / (step + 1):.4f}", flush=True)
+    time.sleep(0.05)
+    if step % 10 == 9:
+        with open(f"{out}/ckpt_{step + 1}.txt", "w") as f:
+            f.write(str(step + 1))
+    if step == 37 and os.environ["GPUD_ATTEMPT"] == "1":
+        raise ValueError("bad batch at step 37")
+"""
+
+
+def test_a_scripts_resume_through_its_pattern_loses_only_the_steps_redone(
+    daemons: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    daemon = daemons(simulate_gpus=None)
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = script_spec(tmp_path, SAVES_STEPS, name="saves-steps", args=(str(out),))
+    spec.write_text(
+        spec.read_text()
+        + f"checkpoint: {{dir: {out}}}\n"
+        + "resume: {pattern: 'ckpt_*.txt', latest: newest}\n"
+        + 'metrics: [{pattern: "iter (?P<step>\\\\d+): loss (?P<loss>[\\\\d.]+)"}]\n'
+        + "restart: {max_attempts: 1, backoff_s: 0, on: [user]}\n"
+    )
+    run_id = launch(daemon, config=spec)
+    s = wait_for(daemon, run_id, {"succeeded", "failed", "stopped"}, timeout=120)
+    assert s.run.state is RunState.SUCCEEDED, s.run.reason
+    second = s.attempts[1]
+    assert second.resume_from == str(out / "ckpt_30.txt")
+    # its first step, 30, says where the checkpoint left it: nobody reported the step
+    assert second.resume_step == 29
+    g = s.goodput
+    assert g is not None and g.ended
+    first = g.attempts[0]
+    assert (first.first_step, first.last_step) == (0, 37)
+    assert g.attempts[1].resume_step == 29
+    # steps 30–37 were done again: 8 of attempt 1's 38 steps, about a fifth of its
+    # training; before, resume_step was unknown and all of it went to `lost`
+    lost, trained = first.seconds["lost"], first.seconds["training"]
+    assert 0.1 < lost / (lost + trained) < 0.35, first.seconds

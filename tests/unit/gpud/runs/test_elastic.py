@@ -3,10 +3,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gpud.runmodel import NodeRef, RunRecord, RunState
-from gpud.runs.elastic import choose_members, grad_accum_for, primary
+from gpud.runs.elastic import (
+    batch_note,
+    choose_members,
+    grad_accum_for,
+    primary,
+    reads_grad_accum,
+)
 from launch.spec import RunSpec, parse_spec
 
 
@@ -74,3 +81,29 @@ def test_the_accumulation_keeps_the_global_batch_unless_the_spec_opts_out() -> N
     opt_out = spec({"min_nodes": 1, "keep_global_batch": False})
     assert grad_accum_for(opt_out, 2, 3) is None
     assert grad_accum_for(spec(), 2, 3) is None  # not elastic
+
+
+def test_the_event_keeps_the_global_batch_only_for_a_script_that_reads_the_accumulation(
+    tmp_path: Path,
+) -> None:
+    """Issue 32 §6: a script that ignores GPUD_GRAD_ACCUM trains a smaller global batch;
+    the attempt's event must not say it was kept."""
+    scripts = {
+        "plain.py": "import torch\nbatch = 32\n",
+        "reads.py": "import os\naccum = int(os.environ.get('GPUD_GRAD_ACCUM', 1))\n",
+        "library.py": "from trainers import init\n",
+    }
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text)
+
+    def reads(script: str, library: bool = False) -> bool:
+        return reads_grad_accum(spec(script=script, workdir=str(tmp_path)), library)
+
+    assert (reads("plain.py"), reads("reads.py"), reads("library.py")) == (False, True, True)
+    assert reads("plain.py", library=True)  # its ranks said hello: the library reads it
+    assert not reads("missing.py")  # unreadable here: no promise
+    assert batch_note(3, True) == ", gradient accumulation 3 (the global batch kept)"
+    assert batch_note(3, False) == (
+        ", GPUD_GRAD_ACCUM=3, which the script does not read: its global batch shrinks with"
+        " the nodes (the trainers library, or a script that reads it, keeps it)"
+    )
