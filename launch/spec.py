@@ -461,8 +461,11 @@ class RunSpec(SpecModel):
         description="a node that does not answer for this long is lost: its part of the run"
         " ends as `lost` and the run fails (or restarts once every node answers again)",
     )
-    metrics: list[MetricPattern] = Field(
-        default_factory=list, description="log-line regexes for trainers without the library"
+    metrics: list[MetricPattern] | Literal["auto", "none"] = Field(
+        "auto",
+        description="log-line regexes for scripts without the trainers library; `auto` (the"
+        " default, as is an empty list): gpud's recognizers of Hugging Face Trainer, Lightning,"
+        " nanoGPT, torchtitan, DeepSpeed and tqdm output; `none`: no metrics from the output",
     )
     logs: LogSettings = Field(default_factory=LogSettings)
     nccl: NcclSettings = Field(default_factory=NcclSettings)
@@ -481,6 +484,23 @@ class RunSpec(SpecModel):
         description="let gpud start this run on a Slurm compute node, outside Slurm (most"
         " clusters forbid it)",
     )
+
+    @property
+    def metric_patterns(self) -> list[str]:
+        """The spec's own metric regexes (none under `auto` or `none`)."""
+        return [m.pattern for m in self.metrics] if isinstance(self.metrics, list) else []
+
+    @property
+    def auto_metrics(self) -> bool:
+        """gpud's recognizers read the output: `metrics: auto`, or no patterns given."""
+        return self.metrics in ("auto", [])
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metrics(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in ("auto", "none"):
+            raise ValueError(f"{value!r}: give a list of patterns, `auto` or `none`")
+        return value
 
     @field_validator("nproc_per_node", mode="before")
     @classmethod
@@ -716,13 +736,23 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(getattr(current, "model_fields", {}))
 
 
+def _other_form(part: object) -> bool:
+    """A path step of the literal form of a field that also takes a list or a model."""
+    return isinstance(part, str) and part.startswith("literal[")
+
+
 def describe_spec_error(exc: ValidationError, source: str | SpecSource) -> str:
     """One line: `file: key.path: what was expected`, with a suggestion for typos; `--set
     key.path=value` instead of the file when an override set that key."""
+    # A field of several forms (`metrics`: patterns, `auto` or `none`) fails in each: a
+    # list's errors are about the list, not that it is not `auto`. Pydantic names the form
+    # in the path (`list[MetricPattern]`); no key of ours has a `[`.
+    errors = [e for e in exc.errors() if not any(_other_form(p) for p in e["loc"])]
+    errors = errors or exc.errors()
     # A typo usually also makes a required key "missing": report the typo first.
-    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    errors = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")
     first = errors[0]
-    loc = tuple(first["loc"])
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and "[" in p))
     if isinstance(source, SpecSource):
         source = source.of(loc)
     where = ".".join(str(p) for p in loc)
@@ -738,7 +768,7 @@ def describe_spec_error(exc: ValidationError, source: str | SpecSource) -> str:
         message = f"unknown key{hint}"
     else:
         message = first["msg"].removeprefix("Value error, ")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {where + ': ' if where else ''}{message}{more}"
 
 

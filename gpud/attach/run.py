@@ -249,7 +249,7 @@ def run(
     log_path = info.attempt_dir / "output.log"
     metrics = (
         MetricsTail.start(log_path, info.run_dir / "metrics.jsonl", info.run_id, info.attempt,
-                          list(info.patterns))
+                          list(info.patterns), auto=not info.patterns)
         if info.node_rank == 0
         else None
     )  # fmt: skip

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpud.patterns.extract import Disabled, MetricExtractor
+from gpud.patterns.frameworks import Recognizers
 
 #: Lines waiting for the patterns, per run, before the oldest are dropped.
 MAX_PENDING_LINES = 200_000
@@ -56,7 +57,7 @@ class PatternThread:
     def __init__(
         self,
         name: str,
-        extractor: MetricExtractor,
+        extractor: MetricExtractor | Recognizers,
         deliver: Callable[[Found], None],
         max_pending: int = MAX_PENDING_LINES,
         idle_s: float = IDLE_S,

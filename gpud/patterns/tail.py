@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from gpud.patterns.extract import MetricExtractor
+from gpud.patterns.frameworks import Recognizers
 from gpud.runs.attempt_log import AttemptLog
 from gpud.runs.logparse import split_rank
 
@@ -40,13 +41,16 @@ class MetricsTail:
         attempt: int,
         patterns: list[str],
         poll_s: float = POLL_S,
+        auto: bool = False,
     ) -> None:
         self.log_path = log_path
         self._log = AttemptLog(log_path)  # across a bounded log's files
         self.metrics_path = metrics_path
         self.run_id = run_id
         self.attempt = attempt
-        self.extractor = MetricExtractor(patterns)
+        self.extractor: MetricExtractor | Recognizers = (
+            Recognizers() if auto else MetricExtractor(patterns)
+        )
         self.rows = 0
         self._poll_s = poll_s
         self._offset = 0
@@ -56,12 +60,19 @@ class MetricsTail:
 
     @classmethod
     def start(
-        cls, log_path: Path, metrics_path: Path, run_id: str, attempt: int, patterns: list[str]
+        cls,
+        log_path: Path,
+        metrics_path: Path,
+        run_id: str,
+        attempt: int,
+        patterns: list[str],
+        auto: bool = False,
     ) -> MetricsTail | None:
-        """A running tail, or None when there are no patterns to apply."""
-        if not patterns:
+        """A running tail, or None when there are no patterns to apply (`auto`: gpud's
+        recognizers of the frameworks' output, `gpud.patterns.frameworks`)."""
+        if not patterns and not auto:
             return None
-        tail = cls(log_path, metrics_path, run_id, attempt, patterns)
+        tail = cls(log_path, metrics_path, run_id, attempt, patterns, auto=auto)
         tail._report_disabled()
         tail._thread.start()
         return tail
@@ -107,6 +118,7 @@ class MetricsTail:
         rows = []
         for raw in lines:
             local, text = split_rank(raw[:MAX_LINE].decode(errors="replace").rstrip("\r"))
+            # (a progress bar's `\r` updates stay in: the recognizers read each of them)
             if local not in (None, 0) or not self.extractor:
                 continue
             step, values = self.extractor.extract(text)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from gpud.ledger import CpuLedger
 from gpud.patterns.extract import MetricExtractor
 from gpud.patterns.follower import Found, PatternThread
+from gpud.patterns.frameworks import Recognizers
 from gpud.protocol import run_topic
 from gpud.runmodel import (
     CheckpointRef,
@@ -69,12 +70,14 @@ class Intake:
         self.ledger = ledger
         self.clock = clock
         self._patterns: dict[str, PatternThread] = {}
+        self._recognized: dict[str, str] = {}  # run → the framework `metrics: auto` named
         # A thread finishing an ended run's last lines still delivers them.
         book.on_ended.append(lambda run: self.forget(run.id))
 
     def forget(self, run_id: str) -> None:
         """Let go of the run's metrics patterns (their thread ends once it is idle)."""
         self._patterns.pop(run_id, None)
+        self._recognized.pop(run_id, None)
 
     # ================================================================== trainers
 
@@ -183,7 +186,11 @@ class Intake:
                 rank0.append(text)
         if run.node_rank == 0 and rank0:
             # Never on the loop: a user's pattern may be slow (gpud.patterns.follower).
-            self._pattern_thread(run).feed(record.attempt, rank0, self.clock())
+            thread = self._pattern_thread(run)
+            if not (record.library and isinstance(thread.extractor, Recognizers)):
+                # (a script with the trainers library sends its metrics itself: its output,
+                # a progress bar say, must not add a second account of its steps)
+                thread.feed(record.attempt, rank0, self.clock())
 
     def _pattern_thread(self, run: RunRecord) -> PatternThread:
         """The run's metric patterns (one thread, kept across attempts, so a pattern
@@ -192,7 +199,9 @@ class Intake:
         thread = self._patterns.get(run.id)
         if thread is None:
             spec = parse_spec(run.spec, f"run {run.id}")
-            extractor = MetricExtractor([m.pattern for m in spec.metrics])
+            extractor: MetricExtractor | Recognizers = (
+                Recognizers() if spec.auto_metrics else MetricExtractor(spec.metric_patterns)
+            )
             loop = asyncio.get_running_loop()
             run_id = run.id
 
@@ -205,6 +214,20 @@ class Intake:
             if refused:
                 self._on_found(run.id, Found(disabled=refused))
         return thread
+
+    def _say_recognized(self, run: RunRecord) -> None:
+        """`metrics: auto`: one event when the recognizers know the run's framework (again
+        if a framework's own lines name it better than its progress bar did)."""
+        thread = self._patterns.get(run.id)
+        extractor = thread.extractor if thread is not None else None
+        if not isinstance(extractor, Recognizers) or extractor.matched is None:
+            return
+        if self._recognized.get(run.id) == extractor.matched:
+            return
+        self._recognized[run.id] = extractor.matched
+        self.book.event(
+            run, "metrics_pattern", f"metrics: auto: reading {extractor.matched} output"
+        )
 
     def _on_found(self, run_id: str, found: Found) -> None:
         """On the loop: what a run's pattern thread found."""
@@ -225,4 +248,5 @@ class Intake:
             for p in found.points
         ]  # fmt: skip
         if points:
+            self._say_recognized(run)
             self.record_metrics(run, points)

@@ -261,3 +261,19 @@ def test_yaml_on_off_yes_no_are_words_in_keys_and_still_booleans_in_values(
     assert spec.queue is True
     again = load_spec(path, ["restart.on=[hang]", "queue=off"])
     assert [kind.value for kind in again.restart.on] == ["hang"] and again.queue is False
+
+
+def test_metrics_auto_none_or_patterns(tmp_path: Path) -> None:
+    """Issue 32 §2: no patterns is `auto` (gpud's recognizers); `none` turns it off."""
+    plain = load_spec(write(tmp_path, MINIMAL))
+    assert plain.metrics == "auto" and plain.auto_metrics and plain.metric_patterns == []
+    assert load_spec(write(tmp_path, MINIMAL + "metrics: []\n")).auto_metrics
+    off = load_spec(write(tmp_path, MINIMAL + "metrics: none\n"))
+    assert not off.auto_metrics and off.metric_patterns == []
+    own = load_spec(write(tmp_path, MINIMAL + "metrics: [{pattern: 'loss (?P<loss>[0-9.]+)'}]\n"))
+    assert not own.auto_metrics and own.metric_patterns == ["loss (?P<loss>[0-9.]+)"]
+    with pytest.raises(SpecError) as bad:
+        load_spec(write(tmp_path, MINIMAL + "metrics: autoo\n"))
+    assert str(bad.value).endswith(
+        "run.yaml: metrics: 'autoo': give a list of patterns, `auto` or `none`"
+    )
