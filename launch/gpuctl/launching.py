@@ -268,9 +268,17 @@ def plain_script_note(spec: RunSpec) -> str | None:
         if spec.restart.hang_timeout_s
         else "a hang when it prints nothing for restart.hang_timeout_s (unset)"
     )
+    metrics = (
+        "metrics from its framework's output (`metrics: auto`: Hugging Face Trainer,"
+        " Lightning, nanoGPT, torchtitan, DeepSpeed, tqdm)"
+        if spec.auto_metrics
+        else "metrics from `metrics:` patterns"
+        if spec.metric_patterns
+        else "no metrics (`metrics: none`)"
+    )
     return (
         f"gpuctl: note: {spec.script} does not import the trainers library, so gpud judges its"
-        f" health from its output: metrics from `metrics:` patterns, {hang}; per-rank"
+        f" health from its output: {metrics}, {hang}; per-rank"
         " heartbeats, stragglers, a stall's culprit, the checkpoint-then-exit stop and"
         " the collective probe need `from trainers import ...`"
     )

@@ -285,9 +285,10 @@ def test_a_dry_run_of_a_plain_script_says_which_health_it_gets(
     assert dry.returncode == 0, dry.stderr
     assert dry.stderr.splitlines() == [
         "gpuctl: note: plain.py does not import the trainers library, so gpud judges its"
-        " health from its output: metrics from `metrics:` patterns, a hang after 30s without"
-        " output; per-rank heartbeats, stragglers, a stall's culprit, the checkpoint-then-exit"
-        " stop and the collective probe need `from trainers import ...`"
+        " health from its output: metrics from its framework's output (`metrics: auto`:"
+        " Hugging Face Trainer, Lightning, nanoGPT, torchtitan, DeepSpeed, tqdm), a hang after"
+        " 30s without output; per-rank heartbeats, stragglers, a stall's culprit, the"
+        " checkpoint-then-exit stop and the collective probe need `from trainers import ...`"
     ], dry.stderr
     assert "plain.py" in dry.stdout  # the plan, and nothing started
     ps = json.loads(gpuctl("--node", daemon.address, "--json", "ps").stdout)

@@ -145,9 +145,10 @@ def test_a_plain_scripts_printed_steps_give_its_flop_rate(daemons: Daemons, tmp_
     finally:
         force_stop(daemon, run_id)
     # 12 × 1024 tokens a step, a step every ~50 ms (more on a busy machine), 6 × 124e6
-    # FLOPs a token: ~1.5e14 FLOP/s at most
+    # FLOPs a token: ~1.8e14 FLOP/s at most (the pace is read from when the daemon saw
+    # the lines, a tick at a time: within a fifth)
     assert found["source"] == "model_params"
     rate = found["flops_per_second"]
-    assert isinstance(rate, float) and 1e13 < rate <= 12 * 1024 / 0.05 * 6 * 124e6 * 1.05
+    assert isinstance(rate, float) and 1e13 < rate <= 12 * 1024 / 0.05 * 6 * 124e6 * 1.2
     assert found["why_not"] == NO_GPU  # a FLOP rate; no MFU on the CPU
     assert "flops     " in text and "(6 × training.model_params × tokens/s)" in text, text
