@@ -11,15 +11,13 @@ filter.
 from __future__ import annotations
 
 import heapq
-import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpud.protocol import is_log_mark
+from gpud.runs.logparse import split_rank  # torchrun's `[default1]:`, torch's `[rank1]: `
 
-#: torchrun --tee prefixes every worker line with `[<role><local_rank>]:`.
-RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:")
 LINES_KEPT = 5000
 
 
@@ -33,13 +31,6 @@ class LogLine:
     rank: int | None
     text: str  # without the rank prefix
     end_offset: int  # where the line ends in the part's log file (estimated for live lines)
-
-
-def split_rank(line: str) -> tuple[int | None, str]:
-    match = RANK_PREFIX.match(line)
-    if not match:
-        return None, line
-    return int(match["local"]), line[match.end() :]
 
 
 class LogBuffer:
