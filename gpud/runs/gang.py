@@ -60,6 +60,7 @@ from gpud.protocol import (
     RunMetricsEvent,
 )
 from gpud.runmodel import (
+    ECHO_KINDS,
     AttemptRecord,
     FailureCause,
     MetricPoint,
@@ -84,6 +85,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpud.runs")
 
 POLL_S = 0.5
+#: A part that failed on a connection error (most often a peer's death seen from the
+#: other side) waits this long before the other parts are stopped, so that the part
+#: whose rank died first can say why: stopped first, its torchrun is cut short before its
+#: summary, and the run's cause would be the echo.
+ECHO_GRACE_S = 1.5
 #: How often node 0 looks for the parts of ended runs on nodes that were lost.
 ORPHAN_POLL_S = 2.0
 #: How long node 0 keeps looking for them.
@@ -163,6 +169,9 @@ class GangView:
     parts: dict[int, PartView] = field(default_factory=dict)
     last_poll: float = 0.0
     cause: FailureCause | None = None  # the failure propagated to every part
+    #: When a failure that reads as an echo (a connection error) was first seen: the
+    #: others are stopped ECHO_GRACE_S later, unless the part that failed first says why.
+    echo_since: float | None = None
 
     def __post_init__(self) -> None:
         ranks = self.members if self.members is not None else range(len(self.nodes))
@@ -439,6 +448,8 @@ class Gang:
         for rank in decision.lost:
             self._mark_lost(run, view, rank, f"no answer for {spec.lost_after_s:g}s")
         if decision.propagate is not None and view.cause is None:
+            if _echo_wait(view, decision, now):
+                return  # the part that failed first may yet say why: ask again next tick
             view.cause = decision.cause
             self._propagate(run, decision.propagate)
         self._settle(run, decision)
@@ -1036,3 +1047,15 @@ def log_event(node: str, run: RunRecord, part: Part, lines: list[str]) -> RunLog
         offset=part.record.log_offset,
         lines=lines,
     )
+
+
+def _echo_wait(view: GangView, decision: GangDecision, now: float) -> bool:
+    """Whether to hold the stop of the other parts a little: the failure so far is a
+    connection error (the echo of a peer's death, as often as not) on nodes that all
+    still answer, first seen less than ECHO_GRACE_S ago."""
+    cause = decision.cause
+    if cause is None or cause.kind not in ECHO_KINDS or decision.lost:
+        return False
+    if view.echo_since is None:
+        view.echo_since = now
+    return now - view.echo_since < ECHO_GRACE_S
