@@ -15,16 +15,17 @@ shrinks (`grad_accum_for`), so batch × accumulation × world stays as it was; t
 learning rate is left alone. Node 0 must be in every attempt: it coordinates the run and
 hosts the rendezvous, so a run whose node 0 is lost fails as before.
 
-Pure: run records and specs in, decisions out.
+Pure: run records and specs in, decisions out; `reads_grad_accum` alone reads the script
+(`launch.scripts`), to say whether a smaller world keeps the global batch.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 from gpud.runmodel import RunRecord
+from launch.scripts import USES_LIBRARY, script_text
 from launch.spec import RunSpec
 
 
@@ -95,10 +96,8 @@ def grad_accum_for(spec: RunSpec, nodes_now: int, nodes_full: int) -> int | None
     return math.ceil(base * nodes_full / nodes_now)
 
 
-#: A script that reads the accumulation gpud sets, or imports the library that does.
-_READS_GRAD_ACCUM = re.compile(r"GPUD_GRAD_ACCUM|^\s*(?:from|import)\s+trainers\b", re.M)
-#: The most of a script read to find out.
-SCRIPT_READ_MAX = 1 << 20
+#: A script that reads the accumulation gpud sets (or imports the library, which does).
+_READS_GRAD_ACCUM = re.compile(rf"GPUD_GRAD_ACCUM|{USES_LIBRARY.pattern}", re.M)
 
 
 def reads_grad_accum(spec: RunSpec, library: bool) -> bool:
@@ -107,15 +106,8 @@ def reads_grad_accum(spec: RunSpec, library: bool) -> bool:
     node cannot read counts as not (issue 32 §6: the event must not promise a kept batch)."""
     if library:
         return True
-    if spec.script is None:
-        return False
-    path = Path(spec.workdir or ".") / spec.script
-    try:
-        with path.open(errors="replace") as f:
-            text = f.read(SCRIPT_READ_MAX)
-    except OSError:
-        return False
-    return _READS_GRAD_ACCUM.search(text) is not None
+    text = script_text(spec)
+    return text is not None and _READS_GRAD_ACCUM.search(text) is not None
 
 
 def batch_note(grad_accum: int, kept: bool) -> str:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import secrets
 import signal
 import sys
@@ -48,6 +47,7 @@ from gpud.runs.attempt_log import AttemptLog
 from gpud.runs.checkpoints import newest_checkpoint
 from gpud.runs.hints import HintFacts
 from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
+from launch.scripts import uses_library
 from launch.spec import DEFAULT_LOG_MAX_BYTES, RunSpec, parse_spec
 
 #: What the ranks send with each message on the daemon's shared ingest.
@@ -79,21 +79,6 @@ def gpu_indices(env: Mapping[str, str]) -> list[int]:
 
 def attempt_of(config: Mapping[str, Any], env: Mapping[str, str]) -> int:
     return int(config.get("attempt_base", 1)) + int(env.get("SLURM_RESTART_COUNT") or 0)
-
-
-_LIBRARY = re.compile(r"^\s*(?:from|import)\s+trainers\b", re.M)
-
-
-def _uses_library(spec: RunSpec) -> bool:
-    """The script imports the trainers library, which writes its own metrics.jsonl rows:
-    `metrics: auto` must not add a second account of its steps. Unreadable: not."""
-    if spec.script is None:
-        return False
-    try:
-        with (Path(spec.workdir or ".") / spec.script).open(errors="replace") as f:
-            return _LIBRARY.search(f.read(1 << 20)) is not None
-    except OSError:
-        return False
 
 
 def placement(
@@ -225,7 +210,7 @@ def main(argv: list[str]) -> int:
     metrics = (
         MetricsTail.start(attempt_dir / "output.log", Path(place.run_dir) / "metrics.jsonl",
                           place.run_id, place.attempt, spec.metric_patterns,
-                          auto=spec.auto_metrics and not _uses_library(spec))
+                          auto=spec.auto_metrics and not uses_library(spec))
         if place.node_rank == 0
         else None
     )  # fmt: skip

@@ -18,7 +18,6 @@ first, so a run with such a node among its nodes is launched that way on every n
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -57,6 +56,7 @@ from launch.gpuctl.context import (
 from launch.gpuctl.follow import follow, outcome_line
 from launch.gpuctl.output import emit_json
 from launch.gpuctl.runref import find_run
+from launch.scripts import USES_LIBRARY, script_text
 from launch.spec import RunSpec, SpecError, check_elastic, load_spec
 
 
@@ -249,19 +249,13 @@ overrides_option = click.option(
 )
 
 
-_USES_LIBRARY = re.compile(r"^\s*(?:from|import)\s+trainers\b", re.M)
-
-
 def plain_script_note(spec: RunSpec) -> str | None:
     """One line for a script that does not import the trainers library (read here; a
     script this machine cannot read gets no note): what gpud can see of its health."""
-    if spec.script is None or spec.workdir is None:
+    if spec.workdir is None:
         return None
-    try:
-        text = (Path(spec.workdir) / spec.script).read_text(errors="replace")
-    except OSError:
-        return None
-    if _USES_LIBRARY.search(text):
+    text = script_text(spec)
+    if text is None or USES_LIBRARY.search(text):
         return None
     hang = (
         f"a hang after {spec.restart.hang_timeout_s:g}s without output"

@@ -63,6 +63,7 @@ IO_PROJECT_MODULES = (
     "gpud.statedir",
     "gpud.store",
     "launch.gpuctl",
+    "launch.scripts",
 )
 
 
