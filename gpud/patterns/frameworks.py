@@ -119,14 +119,9 @@ class Recognizers:
     #: `tqdm` that its progress bar also matches).
     matched: str | None = None
     _bar: _Bar = field(default_factory=_Bar)
-    _epoch: int = 0
 
     def __bool__(self) -> bool:
         return True
-
-    @property
-    def disabled(self) -> list[Disabled]:
-        return []
 
     def take_disabled(self) -> list[Disabled]:
         return []
@@ -160,8 +155,7 @@ class Recognizers:
             values = _numbers(_HF_PAIR.finditer(line))
             return (self._bar.step, values), "hf-trainer"
         if (epoch := _EPOCH.match(line)) is not None:
-            self._epoch = int(epoch["epoch"])
-            at = self._epoch
+            at = int(epoch["epoch"])
             return _read_bar(line, self._bar, lambda n, total: at * total + n), "lightning"
         return _read_bar(line, self._bar, lambda n, _: n), "tqdm"
 
