@@ -10,10 +10,13 @@ output (`Recognizers.matched`, said once in the run's events):
 
 - `hf-trainer`: Hugging Face `Trainer`'s logged dicts (`{'loss': '6.157', 'grad_norm':
   …, 'learning_rate': …, 'epoch': …}`, numbers or quoted numbers), at the step of its
-  progress bar (`10/400 [00:08<05:12,  1.25it/s]`);
+  progress bar (`10/400 [00:08<05:12,  1.25it/s]`) (not the end's summary, whose
+  `train_loss` is the whole run's mean);
 - `lightning`: Lightning's progress bar, `Epoch 1:  25%|…| 10/40 [00:01<00:03,
   8.12it/s, v_num=0, train_loss=2.31]`: the global step (epoch × batches + batch) and
-  the postfix's numbers, `self.log(..., prog_bar=True)`'s among them;
+  the postfix's numbers, `self.log(..., prog_bar=True)`'s among them; its rich bar
+  (`Epoch 0/-2 ━━━ 20/40 0:00:01 • 0:00:02 15.14it/s train_loss: 5.721`) alike, which
+  rich draws, where output is not a terminal, only once the bar ends;
 - `nanogpt`: `iter 120: loss 2.3121, time 41.23ms, mfu 34.53%`;
 - `torchtitan`: `step: 10  loss:  8.1234  memory: …  tps: 1,234  tflops: 56.78  mfu:
   12.3%` (its colour codes taken off);
@@ -45,8 +48,15 @@ _BAR = re.compile(
     r"(?P<n>\d+)/(?P<total>\d+) \[[\d:]+<[\d:?]+,\s*(?P<rate>[\d.]+|\?)(?P<unit>it/s|s/it)"
     r"(?P<postfix>[^\]]*)\]"
 )
-_EPOCH = re.compile(r"^Epoch (?P<epoch>\d+):")
+#: rich's bar (Lightning's when `rich` is installed): `n/total elapsed • remaining rate`,
+#: then `key: value` pairs.
+_RICH_BAR = re.compile(
+    r"(?P<n>\d+)/(?P<total>\d+) [\d:]+ • [\d:-]+ (?P<rate>[\d.]+|\?)(?P<unit>it/s|s/it)"
+    r"(?P<postfix>.*)$"
+)
+_EPOCH = re.compile(r"^Epoch (?P<epoch>\d+)(?::|/-?\d+ )")
 _POSTFIX = re.compile(rf"(?P<key>[A-Za-z_][\w/.]*)=(?P<value>{_NUMBER})\b")
+_RICH_POSTFIX = re.compile(rf"(?P<key>[A-Za-z_][\w/.]*): (?P<value>{_NUMBER})\b")
 _HF_DICT = re.compile(r"^\{'[a-z_]+': ")
 _HF_PAIR = re.compile(rf"'(?P<key>[a-z_]+)': '?(?P<value>{_NUMBER})'?")
 _NANOGPT = re.compile(
@@ -90,7 +100,10 @@ class _Bar:
 
 
 def _read_bar(text: str, bar: _Bar, global_step: Callable[[int, int], int]) -> Reading | None:
+    postfix = _POSTFIX
     found = _BAR.search(text)
+    if found is None:
+        found, postfix = _RICH_BAR.search(text), _RICH_POSTFIX
     if found is None:
         return None
     total = int(found["total"])
@@ -102,7 +115,7 @@ def _read_bar(text: str, bar: _Bar, global_step: Callable[[int, int], int]) -> R
     if done < 1:
         return None, {}
     bar.step = done - 1  # gpud counts steps from 0, as the trainers library does
-    values = _numbers(_POSTFIX.finditer(found["postfix"]))
+    values = _numbers(postfix.finditer(found["postfix"]))
     if found["rate"] != "?":
         rate = float(found["rate"])
         if rate > 0:
@@ -152,6 +165,8 @@ class Recognizers:
             values.update(_numbers(_TITAN_MORE.finditer(line[hit.end() :])))
             return (step, values), "torchtitan"
         if _HF_DICT.match(line):
+            if "'train_runtime'" in line:  # the end's summary: its train_loss is the mean
+                return None, ""
             values = _numbers(_HF_PAIR.finditer(line))
             return (self._bar.step, values), "hf-trainer"
         if (epoch := _EPOCH.match(line)) is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from gpud.patterns.extract import MetricExtractor
 from gpud.patterns.frameworks import Recognizers
 from gpud.runs.attempt_log import AttemptLog
-from gpud.runs.logparse import split_rank
+from gpud.runs.logparse import split_rank, torchrun_lines
 
 #: How often the log is looked at for new lines.
 POLL_S = 0.5
@@ -116,8 +116,9 @@ class MetricsTail:
     def _apply(self, lines: list[bytes]) -> None:
         now = time.time()
         rows = []
-        for raw in lines:
-            local, text = split_rank(raw[:MAX_LINE].decode(errors="replace").rstrip("\r"))
+        decoded = [raw[:MAX_LINE].decode(errors="replace").rstrip("\r") for raw in lines]
+        for line in torchrun_lines(decoded):
+            local, text = split_rank(line)
             # (a progress bar's `\r` updates stay in: the recognizers read each of them)
             if local not in (None, 0) or not self.extractor:
                 continue

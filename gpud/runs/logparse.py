@@ -21,6 +21,28 @@ RANK_PREFIX = re.compile(r"^\[(?!rank\d)(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:")
 EXCEPTHOOK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]: ?")
 
 
+#: torchrun's prefix in the middle of a line: where one of its writes began. torchrun
+#: reads a worker's file in text mode, so a progress bar's `\r` ends a line there, and
+#: a line still being written is copied as far as it goes, prefixed, and its rest later,
+#: prefixed again: `[default0]: 10%|█| 2/20 [00:00<00:00][default0]:{'loss': …}`.
+#: (A role of letters only: `x[0]:` in a worker's own text is not torchrun's.)
+MID_LINE_PREFIX = re.compile(r"(?<=.)(?=\[(?!rank\d)[A-Za-z_]+\d+\]:)")
+
+
+def torchrun_lines(lines: list[str]) -> list[str]:
+    """The worker lines in torchrun's output: each line cut where torchrun's prefix begins
+    a piece in its middle (an empty piece, the prefix alone, left out)."""
+    out: list[str] = []
+    for line in lines:
+        if MID_LINE_PREFIX.search(line) is None:
+            out.append(line)
+            continue
+        pieces = MID_LINE_PREFIX.split(line)
+        out.append(pieces[0])
+        out.extend(p for p in pieces[1:] if not RANK_PREFIX.fullmatch(p))
+    return out
+
+
 def rank_parts(line: str) -> tuple[int | None, int | None, str]:
     """(local rank from torchrun's prefix, global rank from torch's excepthook prefix,
     the text without either); None for a prefix the line does not have."""

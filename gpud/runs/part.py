@@ -32,7 +32,7 @@ from gpud.runmodel import (
 )
 from gpud.runs import causes, procs, shim
 from gpud.runs.attempt_log import AttemptLog
-from gpud.runs.logparse import root_cause
+from gpud.runs.logparse import root_cause, torchrun_lines
 
 log = logging.getLogger("gpud.runs")
 
@@ -145,7 +145,8 @@ class Part:
 
     def read_lines(self, limit: int = READ_CHUNK) -> list[str]:
         """Complete lines appended to the log since the last call (up to `limit` bytes; a
-        mark where a bounded log dropped lines is a line)."""
+        mark where a bounded log dropped lines is a line), torchrun's pieces of a line
+        apart (`logparse.torchrun_lines`)."""
         try:
             got = AttemptLog(self.log_path).read(self.record.log_offset, limit)
         except OSError:
@@ -162,7 +163,9 @@ class Part:
         if len(self._partial) > MAX_LINE:
             lines.append(self._partial)
             self._partial = b""
-        return [line[:MAX_LINE].decode(errors="replace").rstrip("\r") for line in lines]
+        return torchrun_lines(
+            [line[:MAX_LINE].decode(errors="replace").rstrip("\r") for line in lines]
+        )
 
     def remember_pids(self) -> None:
         """Note every process of the part (for the stop check and the GPU-memory check)."""

@@ -89,3 +89,7 @@ TORCHRUN_RAISED = (_TEXT / "torchrun_raised.txt").read_text()
 #: Rank 1 exited 0 at step 20 while rank 0 trained: rank 0 failed on the closed connection,
 #: and torchrun's summary lists rank 0 only.
 TORCHRUN_EARLY_EXIT = (_TEXT / "torchrun_early_exit.txt").read_text()
+#: A Hugging Face Trainer script (tests/support/frameworks/hf_plain.py, 20 steps, logging
+#: every 5) under `torchrun --nproc-per-node=2 --tee=3`, as torchrun printed it: its
+#: progress bar's `\r` ends a line, and a dict follows a bar on the same line.
+TORCHRUN_HF_TRAINER = (_TEXT / "torchrun_hf_trainer.txt").read_text()

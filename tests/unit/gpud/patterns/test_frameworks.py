@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpud.patterns.frameworks import Recognizers
+from gpud.runs.logparse import split_rank, torchrun_lines
+from tests.support.logs import TORCHRUN_HF_TRAINER
 
 
 def read(*lines: str) -> tuple[Recognizers, list[tuple[int | None, dict[str, float]]]]:
@@ -45,6 +47,18 @@ def test_lightnings_bar_gives_the_global_step_and_its_postfix() -> None:
     assert found.matched == "lightning"
 
 
+def test_lightnings_rich_bar_too() -> None:
+    """With `rich` installed Lightning draws rich's bar; where output is not a terminal,
+    rich prints it once, at the end (as Lightning 2.6 printed it under torchrun)."""
+    found, got = read(
+        "Epoch 0/-2 ━━━━━━━━━━━━━━━━━ 20/20 0:00:00 • 0:00:00 40.72it/s train_loss: 5.721",
+        "Epoch 2/3 ━━━━━━━━━━━━━━━ 5/20 0:00:01 • 0:00:03 4.10it/s v_num: 0 train_loss: 2.5",
+    )
+    assert got[0] == (19, {"steps_per_s": 40.72, "loss": 5.721})
+    assert got[1] == (44, {"steps_per_s": 4.1, "loss": 2.5})
+    assert found.matched == "lightning"
+
+
 def test_nanogpt_torchtitan_and_deepspeed_lines() -> None:
     nano, got = read("iter 120: loss 2.3121, time 41.23ms, mfu 34.53%")
     assert got == [(120, {"loss": 2.3121, "step_time_ms": 41.23, "script_mfu_pct": 34.53})]
@@ -81,3 +95,23 @@ def test_any_other_progress_bar_is_steps() -> None:
 def test_other_lines_give_nothing(line: str) -> None:
     found, got = read(line)
     assert got[0][0] is None and found.matched is None
+
+
+def test_a_trainer_under_torchrun_gives_every_logged_loss_at_its_bar_step() -> None:
+    """torchrun copies a worker's unfinished line as far as it goes, so its output glues
+    the Trainer's dict to the bar before it: `…| 2/20 [00:00<00:00][default0]:{'loss'…`.
+    Cut apart (`torchrun_lines`), each dict is read, at the step the bar last showed."""
+    lines = torchrun_lines(TORCHRUN_HF_TRAINER.splitlines())
+    assert not any("it/s][default0]:" in line for line in lines)
+    found = Recognizers()
+    points = []
+    for line in lines:
+        local, text = split_rank(line)
+        step, values = found.extract(text) if local == 0 else (None, {})
+        if step is not None and "loss" in values:
+            points.append((step, values["loss"]))
+    # the bar lags the Trainer's count (tqdm redraws at most every 0.1 s): steps only grow
+    assert [loss for _, loss in points] == [5.387, 5.387, 5.388, 5.39]
+    steps = [step for step, _ in points]
+    assert steps == sorted(steps) and steps[-1] == 14
+    assert found.matched == "hf-trainer"
