@@ -194,6 +194,8 @@ class Store:
         _report_recovery(path, left)
         self._migrate()
         self._backlog = Backlog()
+        #: run → (its newest attempt, the last value of each name that attempt logged)
+        self._values_seen: dict[str, tuple[int, dict[str, float]]] = {}
         self._full_since: float | None = None  # wall time of the first refused write
         self._full_error = ""
         self._last_retry = 0.0
@@ -526,6 +528,12 @@ class Store:
 
     def add_metrics(self, points: list[MetricPoint]) -> None:
         """Insert points; a (run, attempt, step, name) already stored is kept."""
+        for point in sorted(points, key=lambda p: (p.attempt, p.step)):
+            seen = self._values_seen.get(point.run_id)
+            if seen is None or point.attempt > seen[0]:
+                self._values_seen[point.run_id] = seen = (point.attempt, {})
+            if point.attempt == seen[0]:
+                seen[1].update(point.values)
         if points and not self._now_or_later(lambda: self._add_metrics(points)):
             self._backlog.add_metrics(points)
 
@@ -578,19 +586,31 @@ class Store:
         return sorted(merged.values(), key=lambda row: (row[0], row[1], row[3]))[:limit]
 
     def latest_metrics(self, run_id: str) -> tuple[int, dict[str, float]] | None:
-        """The newest step of a run and its values."""
+        """The newest step of a run and its values, with the last value of each name its
+        attempt logged before (since this daemon started): a loss logged every 10 steps
+        still shows at a step that logged only its rate."""
+        found = self._latest(run_id)
+        if found is None:
+            return None
+        attempt, step, values = found
+        seen = self._values_seen.get(run_id)
+        if seen is not None and seen[0] == attempt:
+            values = {**seen[1], **values}
+        return step, values
+
+    def _latest(self, run_id: str) -> tuple[int, int, dict[str, float]] | None:
         stored = self._latest_stored(run_id)
         waiting = [p for p in self._backlog.metrics if p.run_id == run_id]
         if not waiting:
             return stored
         newest = max(waiting, key=lambda p: (p.attempt, p.step))
-        if stored is not None and stored[0] > newest.step:
+        if stored is not None and (stored[0], stored[1]) > (newest.attempt, newest.step):
             return stored
         values = {k: v for p in waiting if (p.attempt, p.step) == (newest.attempt, newest.step)
                   for k, v in p.values.items()}  # fmt: skip
-        return newest.step, values
+        return newest.attempt, newest.step, values
 
-    def _latest_stored(self, run_id: str) -> tuple[int, dict[str, float]] | None:
+    def _latest_stored(self, run_id: str) -> tuple[int, int, dict[str, float]] | None:
         row = self._db.execute(
             "SELECT attempt, step FROM metrics WHERE run_id = ? ORDER BY attempt DESC, step DESC"
             " LIMIT 1",
@@ -602,7 +622,7 @@ class Store:
             "SELECT name, value FROM metrics WHERE run_id = ? AND attempt = ? AND step = ?",
             (run_id, row[0], row[1]),
         ).fetchall()
-        return int(row[1]), {str(n): float(v) for n, v in values}
+        return int(row[0]), int(row[1]), {str(n): float(v) for n, v in values}
 
     # ------------------------------------------------------------------ port leases
 

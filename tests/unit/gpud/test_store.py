@@ -207,3 +207,27 @@ def test_lease_changes_keep_their_order_while_they_wait(tmp_path: Path) -> None:
     assert store.leased_ports() == {30001}
     assert store.gpu_leases() == []
     store.close()
+
+
+def test_the_latest_values_keep_each_name_the_attempt_logged_last(tmp_path: Path) -> None:
+    """A Trainer logs its loss every few steps and its progress bar a rate at every step:
+    `ps` shows the newest step with the last loss, not a step with no loss (issue 32)."""
+    store = Store(tmp_path / "db")
+
+    def point(attempt: int, step: int, **values: float) -> MetricPoint:
+        return MetricPoint(run_id="r-1", attempt=attempt, step=step, time=float(step),
+                           values=values)  # fmt: skip
+
+    store.add_metrics([point(1, 9, loss=2.5, lr=0.1), point(1, 10, steps_per_s=3.0)])
+    store.add_metrics([point(1, 11, steps_per_s=3.5)])
+    assert store.latest_metrics("r-1") == (11, {"loss": 2.5, "lr": 0.1, "steps_per_s": 3.5})
+    store.add_metrics([point(1, 19, loss=2.0)])
+    assert store.latest_metrics("r-1") == (19, {"loss": 2.0, "lr": 0.1, "steps_per_s": 3.5})
+    # a new attempt starts afresh: nothing of attempt 1 is shown as its own
+    store.add_metrics([point(2, 5, steps_per_s=1.0)])
+    assert store.latest_metrics("r-1") == (5, {"steps_per_s": 1.0})
+    store.add_metrics([point(1, 30, loss=9.0)])  # a late batch of the old attempt
+    assert store.latest_metrics("r-1") == (5, {"steps_per_s": 1.0})
+    store.close()
+    # reopened (a restarted daemon): the newest step's own values
+    assert Store(tmp_path / "db").latest_metrics("r-1") == (5, {"steps_per_s": 1.0})
