@@ -66,6 +66,7 @@ class Run:
         self._host = socket.gethostname()
         self._run_id = env.run_id
         self._attempt = env.attempt
+        self._ended = False
         if env.launched:
             self._start_link()
 
@@ -346,15 +347,7 @@ class Run:
         gloo can abort a rank at interpreter exit after training finished (SIGABRT);
         leaving through here avoids that.
         """
-        if self._link is not None:
-            # Heartbeats go out twice a second, so the last steps may not have been in one:
-            # send where this rank ended now, or health would stay a step or two behind.
-            for kind, body in self._tick(force=True):
-                self._link.put(kind, body)
-        if self.stop_reason is None:
-            # Training ran to its end (not stopped): gpud uses this to tell a teardown abort
-            # after a complete run from a real failure.
-            self._send("finished", {"exit_code": exit_code})
+        self.ended(exit_code)
         try:
             import torch.distributed as dist
 
@@ -365,11 +358,33 @@ class Run:
                 dist.destroy_process_group()
         except Exception as exc:  # ending must not turn into a crash
             print(f"[gpud] process group teardown: {exc}", file=sys.stderr)
-        if self._link is not None:
-            self._link.close()
+        self.close()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code)
+
+    def ended(self, exit_code: int = 0) -> None:
+        """Training is over on this rank (ran to its end, or stopped): where it ended, and
+        (not stopped) that it finished. `finish()` says this itself; a framework that owns
+        the process's exit (the `trainers.callbacks`) says it at its train end, once."""
+        if self._ended:
+            return
+        self._ended = True
+        if self._link is not None:
+            # Heartbeats go out twice a second, so the last steps may not have been in one:
+            # send where this rank ended now, or health would stay a step or two behind.
+            for kind, body in self._tick(force=True):
+                self._link.put(kind, body)
+        if self.stop_reason is None:
+            # Training ran to its end (not stopped): gpud uses this to tell a teardown abort
+            # after a complete run from a real failure.
+            self._send("finished", {"exit_code": exit_code})
+
+    def close(self) -> None:
+        """Send what is queued and stop the link (once; later messages are not sent)."""
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
 
 def _hints_config(hints: Hints) -> dict[str, Any]:
