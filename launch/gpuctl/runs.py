@@ -431,6 +431,7 @@ def logs_command(
     attempt = attempt or found.status.run.attempt
     while True:
         ended = True
+        more = False  # a node has more to read right away
         for node_rank in ranks:
             chunk = _read(
                 ctl,
@@ -446,6 +447,7 @@ def logs_command(
             )
             if chunk is None:
                 continue
+            moved = chunk.next_offset > (offsets[node_rank] or 0) or chunk.lines
             offsets[node_rank] = chunk.next_offset
             ended = ended and chunk.ended
             prefix = f"[node{node_rank}] " if multi else ""
@@ -454,8 +456,10 @@ def logs_command(
                     emit_json({"node": node_rank, "attempt": chunk.attempt, "line": line})
                 else:
                     click.echo(prefix + line)
-            if chunk.next_offset < chunk.size:
-                ended = False  # more to read right away
+            if chunk.next_offset < chunk.size and moved:
+                more = True  # (not moved: an unfinished last line, held back)
+        if more:
+            continue  # the whole log, a chunk at a time, followed or not
         if not follow_ or ended:
             return
         time.sleep(0.5)
