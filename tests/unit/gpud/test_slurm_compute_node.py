@@ -14,6 +14,10 @@ import pytest
 from gpud.slurm.jobs import slurm_compute_node, slurmd_conf
 from tests.support.waiting import until
 
+#: Every test here reads the whole process table for a slurmd, and some start one that
+#: makes this host a compute node: side by side, one would see the other's.
+pytestmark = pytest.mark.xdist_group("slurmd-named-processes")
+
 
 def named_slurmd(tmp_path: Path, program: str) -> Path:
     """A copy of `program` named slurmd: psutil reads its name as slurmd's."""
