@@ -3,19 +3,26 @@
 - Every operator action the daemon accepted is one record, written (and flushed) before
   the reply goes out, and so is every change of the authorized keys: `gpuctl keys
   authorize`/`revoke` record who ran them, and the daemon records each change it loads
-  from the file (hand edits included).
+  from the file (hand edits included). These go to `audit.log`.
 - A refusal (an operator method that failed, or a key without the role for it) is a record
-  too, but a burst of identical ones — same action, caller, role and error code — is not
-  a record each: the first is written in full, the rest are counted and written as one
-  summary per interval ("412 more refused run.stop from op@host in the last 10 s:
-  not_found", with `count` and `since`). An operator key refused 8,000 times a second thus
-  writes a few hundred bytes a minute, not megabytes.
-- The file is bounded: past a quarter of `max_bytes` it is rotated (`audit.log.1` ..
-  `audit.log.3`, the oldest dropped), so the log and its rotations stay under `max_bytes`.
+  too, in a file of its own, `audit-refused.log`, so that no flood of refusals from a
+  viewer or a revoked key can push an accepted action out. It never carries the request's
+  body, only its size and a digest (`body_bytes`, `body_sha256`): a refused body is
+  untrusted input of up to the wire's 4 MiB. A burst of identical ones — same action,
+  caller, role and error code — is not a record each: the first is written, the rest are
+  counted and written as one summary per interval ("412 more refused run.stop from
+  op@host in the last 10 s: not_found", with `count` and `since`).
+- No record is large: an accepted body over `body_max` (16 KiB, less for a small bound) is
+  kept as its size and digest too, and a detail is cut at DETAIL_MAX characters.
+- Both are bounded, together under `max_bytes` to the byte: accepted records get three
+  quarters of it, refusals a quarter; each is rotated (`.1` .. `.3`, the oldest dropped)
+  before a write would take its file past its share's quarter.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pwd
 import socket
@@ -35,8 +42,14 @@ KEEP = 3
 #: --audit-max-mb`); at about 300 bytes a record, some 200,000 records.
 DEFAULT_MAX_BYTES = 64 * 2**20
 
-#: The audit log's name in a state dir.
+#: The audit log's name in a state dir, and its refusals' beside it.
 AUDIT_LOG = "audit.log"
+REFUSED_LOG = "audit-refused.log"
+#: The share of the bound that refusals may use (accepted records keep the rest).
+REFUSED_SHARE = 0.25
+#: The most of a body a record keeps (beyond: its size and digest), and of a detail.
+BODY_MAX = 16 * 1024
+DETAIL_MAX = 1024
 
 _Key = tuple[str, str, str, str]  # action, caller, role, error code
 
@@ -61,6 +74,16 @@ class AuditRecord(BaseModel):
     code: str | None = Field(None, description="a refusal's error code")
     count: int = Field(1, description="how many identical refusals this record stands for")
     since: float | None = Field(None, description="a summary's: when the first came")
+    body_bytes: int | None = Field(
+        None, description="a body not kept (a refusal's, or too large): its size as JSON"
+    )
+    body_sha256: str | None = Field(None, description="… and its SHA-256, hex")
+
+
+def digest(body: dict[str, Any]) -> tuple[int, str]:
+    """A body's size as JSON (compact, keys sorted) and its SHA-256."""
+    data = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str).encode()
+    return len(data), hashlib.sha256(data).hexdigest()
 
 
 def append_record(path: Path, record: AuditRecord) -> None:
@@ -71,6 +94,37 @@ def append_record(path: Path, record: AuditRecord) -> None:
         os.write(fd, (record.model_dump_json() + "\n").encode())
     finally:
         os.close(fd)
+
+
+class _Bounded:
+    """One file and its rotations, together under `max_bytes`."""
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        self.path = path
+        self.file_bytes = max(1024, max_bytes // (KEEP + 1))
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        for n in range(KEEP, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{n}")
+            newer = self.path.with_name(f"{self.path.name}.{n - 1}") if n > 1 else self.path
+            if newer.exists():
+                os.replace(newer, older)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def write(self, line: bytes) -> None:
+        if self._fd < 0:
+            return  # closed: the daemon is stopping
+        # the file's own size (gpuctl appends key changes to it while the daemon runs)
+        if os.fstat(self._fd).st_size + len(line) > self.file_bytes:
+            self._rotate()
+        os.write(self._fd, line)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class AuditLog:
@@ -85,36 +139,19 @@ class AuditLog:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
-        self.file_bytes = max(4096, max_bytes // (KEEP + 1))
+        refused_bytes = int(max_bytes * REFUSED_SHARE)
+        self._accepted = _Bounded(path, max_bytes - refused_bytes)
+        self._refused = _Bounded(path.with_name(REFUSED_LOG), refused_bytes)
+        # a record always fits in a file of its share, with room to spare
+        self.body_max = min(BODY_MAX, self._refused.file_bytes // 4)
         self._wall = wall
         self._lock = threading.Lock()  # the daemon records key changes from other threads
         self._refusals: Bursts[_Key] = Bursts(interval_s, clock=clock)
-        self._fd = -1
-        self._size = 0
-        self._open()
-
-    def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._size = os.fstat(self._fd).st_size
-
-    def _rotate(self) -> None:
-        os.close(self._fd)
-        for n in range(KEEP, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{n}")
-            newer = self.path.with_name(f"{self.path.name}.{n - 1}") if n > 1 else self.path
-            if newer.exists():
-                os.replace(newer, older)
-        self._open()
 
     def _write(self, entry: AuditRecord) -> None:
         line = (entry.model_dump_json() + "\n").encode()
         with self._lock:
-            if self._fd < 0:
-                return  # closed: the daemon is stopping
-            if self._size and self._size + len(line) > self.file_bytes:
-                self._rotate()
-            os.write(self._fd, line)
-            self._size += len(line)
+            (self._accepted if entry.ok else self._refused).write(line)
 
     def record(
         self,
@@ -127,19 +164,24 @@ class AuditLog:
         code: str | None = None,
     ) -> None:
         """One action. Accepted (`ok`): written now. Refused: written now if it is the first
-        of its kind in a while, else counted for the next summary."""
+        of its kind in a while, else counted for the next summary; without its body."""
+        if not ok and not self._refusals.admit((action, caller, role, code or "")):
+            return
+        size, sha256 = digest(body)
+        kept = ok and size <= self.body_max
         entry = AuditRecord(
             time=self._wall(),
-            caller=caller,
+            caller=caller[:DETAIL_MAX],
             role=role,
-            action=action,
-            body=body,
+            action=action[:DETAIL_MAX],
+            body=body if kept else {},
             ok=ok,
-            detail=detail,
+            detail=None if detail is None else detail[:DETAIL_MAX],
             code=code,
+            body_bytes=None if kept else size,
+            body_sha256=None if kept else sha256,
         )
-        if ok or self._refusals.admit((action, caller, role, code or "")):
-            self._write(entry)
+        self._write(entry)
 
     def flush(self, everything: bool = False) -> None:
         """Write the summaries of refusal bursts whose interval is over (all with
@@ -171,6 +213,5 @@ class AuditLog:
     def close(self) -> None:
         self.flush(everything=True)
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self._accepted.close()
+            self._refused.close()

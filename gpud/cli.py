@@ -122,8 +122,8 @@ def main() -> None:
     "--audit-max-mb",
     envvar="GPUD_AUDIT_MAX_MB",
     type=float,
-    help="The audit log and its rotated files (audit.log.1..3) hold at most this many MiB"
-    " together [64].",
+    help="The audit log (audit.log), its refusals (audit-refused.log) and their rotated"
+    " files hold at most this many MiB together [64].",
 )
 @click.option(
     "--logs-max-bytes",

@@ -82,8 +82,8 @@ class ServeSettings(BaseModel):
         64.0,
         ge=0.1,
         le=1_000_000.0,
-        description="the audit log and its rotated files (audit.log.1..3) hold at most this"
-        " many MiB together; the oldest records go first",
+        description="the audit log (audit.log), its refusals (audit-refused.log) and their"
+        " rotated files hold at most this many MiB together; the oldest records go first",
     )
     logs_max_bytes: LogBound = Field(
         DEFAULT_LOG_MAX_BYTES,

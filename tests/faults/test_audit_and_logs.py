@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from gpud.client import RequestFailed
 from gpud.protocol import Role
 from tests.support.adversary import (
     MB,
+    audit_records,
     authorized_keys,
     curve_socket,
     log_lines_with,
@@ -37,12 +39,11 @@ FLOOD_S = 20.0
 
 
 def _audit_bytes(state_dir: Path) -> int:
-    return sum(p.stat().st_size for p in state_dir.glob("audit.log*"))
+    return sum(p.stat().st_size for p in state_dir.glob("audit*.log*"))
 
 
 def _audit(state_dir: Path) -> list[dict[str, Any]]:
-    path = state_dir / "audit.log"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [json.loads(line) for line in audit_records(state_dir)]
 
 
 def _request(request_id: str, type_: str, body: dict[str, object]) -> bytes:
@@ -172,3 +173,38 @@ def test_key_changes_are_audited_by_gpuctl_and_by_the_daemon(daemon: RunningDaem
                for r in applied]  # fmt: skip
     assert changes == [(1, 0, 0), (0, 1, 0), (0, 0, 1)]
     assert "removed walter (operator)" in applied[-1]["detail"]
+
+
+def test_a_viewers_huge_refused_launches_cannot_wipe_the_accepted_records(
+    daemons: Callable[..., RunningDaemon],
+) -> None:
+    """Issue 33 §1's attack: a viewer key sends refused `run.launch`es with 3.5 MB specs.
+    Each was written whole, with its body, and rotation pushed the operator's records
+    out of a bounded log. Now a refusal is a small record in a file of its own, and the
+    bound holds to the byte."""
+    bound = 2**20
+    daemon = daemons(extra=("--audit-max-mb", "1"))
+    daemon.client().ack_events()  # an accepted operator action
+    viewer = authorized_keys(daemon, Role.VIEWER, "mallory")  # a key change
+    spec = {"name": "x", "script": "a.py", "args": ["y" * 1000] * 3500}
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        sock = curve_socket(ctx, zmq.DEALER, daemon, viewer)
+        for n in range(6):  # 21 MB of refused bodies against a 1 MiB bound
+            body: dict[str, object] = {"spec": spec, "nodes": [{"control": daemon.address}]}
+            sock.send(_request(f"huge-{n}", "run.launch", body))
+            assert sock.poll(30_000), "no answer to a refused launch"
+            reply = json.loads(sock.recv())
+            assert reply["error"]["code"] == "forbidden", reply
+    finally:
+        ctx.destroy(linger=0)
+    daemon.client().ack_events()
+    assert daemon.stop() == 0
+    records = _audit(daemon.state_dir)
+    accepted = [r["action"] for r in records if r["ok"]]
+    assert accepted.count("node.events.ack") == 2 and "keys.authorize" in accepted, accepted
+    refused = [r for r in records if not r["ok"] and r["caller"] == "mallory"]
+    assert sum(r["count"] for r in refused) == 6
+    assert all(r["body"] == {} and r["body_bytes"] > 3_500_000 for r in refused[:1])
+    assert max(len(json.dumps(r)) for r in refused) < 2048
+    assert _audit_bytes(daemon.state_dir) <= bound

@@ -12,6 +12,7 @@ import zmq
 from gpud.client import Client, NodeTarget, RequestFailed, Unreachable
 from gpud.keys import KeyPair
 from gpud.protocol import NODE_INFO, Empty, encode_request
+from tests.support.adversary import audit_records
 from tests.support.daemons import RunningDaemon, gpuctl
 
 REQUEST = encode_request("raw-1", NODE_INFO, Empty())
@@ -110,7 +111,7 @@ def test_viewer_reads_but_operator_actions_are_forbidden(daemon: RunningDaemon) 
     assert (
         "needs the operator role" in err.value.message and "(vic) is a viewer" in err.value.message
     )
-    audit = [json.loads(line) for line in (daemon.state_dir / "audit.log").read_text().splitlines()]
+    audit = [json.loads(line) for line in audit_records(daemon.state_dir)]
     by_vic = [r for r in audit if r["caller"] == "vic"]
     # A refused action is audited as a refusal, never as an accepted action.
     assert [(r["action"], r["ok"], r["code"]) for r in by_vic] == [

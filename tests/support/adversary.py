@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import zmq
 
+from gpud.audit import AUDIT_LOG, KEEP, REFUSED_LOG
 from gpud.auth import authorize
 from gpud.keys import KeyPair
 from gpud.protocol import Role, hw_topic
@@ -87,8 +88,15 @@ def log_lines_with(daemon: RunningDaemon, text: str) -> list[str]:
 
 
 def audit_records(state_dir: Path) -> list[str]:
-    path = state_dir / "audit.log"
-    return path.read_text().splitlines() if path.exists() else []
+    """The audit log's lines: accepted actions and key changes, then the refusals (a file
+    of their own), each file's rotations oldest first."""
+    lines: list[str] = []
+    for name in (AUDIT_LOG, REFUSED_LOG):
+        for n in range(KEEP, -1, -1):
+            path = state_dir / (f"{name}.{n}" if n else name)
+            if path.exists():
+                lines += path.read_text().splitlines()
+    return lines
 
 
 def thread_cpu(daemon: RunningDaemon) -> dict[str, float]:
