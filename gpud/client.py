@@ -37,6 +37,7 @@ from gpud.endpoints import AddressError, events_endpoint_for, parse_endpoint
 from gpud.keys import KeyFileError, KeyPair, load_client_keypair
 from gpud.known_nodes import KnownNodes, load_known_nodes
 from gpud.protocol import (
+    MAX_FRAME_BYTES,
     MIN_PROTOCOL,
     NODE_EVENTS,
     NODE_EVENTS_ACK,
@@ -79,6 +80,7 @@ from gpud.protocol import (
     decode_reply,
     encode_request,
     speaks,
+    too_large,
 )
 from gpud.runmodel import HealthSummary
 from gpud.snapshot import NodeSnapshot
@@ -340,7 +342,10 @@ class Client:
     ) -> Reply:
         """Send one request in protocol `version` and wait for the reply with its id."""
         request_id = f"{self._prefix}-{next(self._ids)}"
-        self._sock.send(encode_request(request_id, method, body, version))
+        frame = encode_request(request_id, method, body, version)
+        if len(frame) > MAX_FRAME_BYTES:  # refused at once, not sent to be dropped
+            raise RequestFailed(ErrorCode.INVALID_BODY.value, too_large(len(frame), method.name))
+        self._sock.send(frame)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

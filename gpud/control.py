@@ -2,8 +2,9 @@
 
 One ROUTER socket; every frame that arrives gets exactly one outcome: a reply, an error
 reply, or (when it cannot be answered at all) a logged drop. Nothing a client sends can
-raise out of here, block the loop, or make the daemon keep memory: frames over
-MAX_FRAME_BYTES are refused by the socket itself, a connection with more than its
+raise out of here, block the loop, or make the daemon keep memory: a frame over
+MAX_FRAME_BYTES is refused in a reply and a log line that name the limit (the socket reads
+none over READ_FRAME_BYTES: it drops the connection), a connection with more than its
 allowance in flight (one huge multipart message) is cut by the guard, replies to vanished
 or slow peers are dropped by ROUTER at its high-water mark, and no per-client state is
 kept.
@@ -41,6 +42,7 @@ from gpud.guard import ConnectionGuard, Limits, user_id
 from gpud.protocol import (
     MAX_FRAME_BYTES,
     METHODS,
+    READ_FRAME_BYTES,
     ErrorCode,
     Message,
     Method,
@@ -51,11 +53,13 @@ from gpud.protocol import (
     decode_request,
     encode_error,
     encode_reply,
+    too_large,
 )
 
 log = logging.getLogger("gpud.control")
 #: A revoked key on an open connection asks as fast as it likes: one line per interval.
 _revoked = ThrottledLog(log)
+_oversize = ThrottledLog(log)
 
 #: Requests handled per wake-up before yielding to the rest of the loop.
 BATCH = 256
@@ -113,7 +117,7 @@ class Registry:
 
 
 def configure_router(sock: zmq.Socket[Any]) -> None:
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.MAXMSGSIZE, READ_FRAME_BYTES)
     sock.setsockopt(zmq.SNDHWM, 1000)
     sock.setsockopt(zmq.RCVHWM, 1000)
     sock.setsockopt(zmq.LINGER, 0)
@@ -168,6 +172,13 @@ class ControlServer:
             self._send(identity, encode_error(None, ErrorCode.BAD_FRAME, "send exactly 1 frame"))
             return
         frame = payload_frames[0]
+        if len(frame) > MAX_FRAME_BYTES:
+            sender = self._caller(frame)
+            name = sender.name if sender is not None else "a revoked key"
+            message = too_large(len(frame))
+            _oversize.warning(name, f"refused a request from {name}: {message}")
+            self._send(identity, encode_error(None, ErrorCode.INVALID_BODY, message))
+            return
         try:
             request, method, body = decode_request(frame.bytes)
         except ProtocolError as exc:

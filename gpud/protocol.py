@@ -55,8 +55,25 @@ PROTOCOL_VERSION = 2
 MIN_PROTOCOL = 1
 #: The protocol that brought `run.start`, `start_by_call` and `hold`.
 PROTOCOL_START_BY_CALL = 2
-#: Frames larger than this are refused by the socket itself (ZMQ_MAXMSGSIZE).
+#: The largest request: a client refuses to send a larger one, and a daemon answers one a
+#: little larger (up to READ_FRAME_BYTES) with an error naming this limit, and logs it.
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+#: What the control socket reads at most (ZMQ_MAXMSGSIZE): past it the socket itself drops
+#: the connection, reading nothing.
+READ_FRAME_BYTES = MAX_FRAME_BYTES + 1024 * 1024
+
+
+def too_large(size: int, method: str | None = None) -> str:
+    """The one line for a request over MAX_FRAME_BYTES (`method`: where it is known)."""
+    what = f"the {method} request is" if method else "a request of"
+    line = (
+        f"{what} {size / 2**20:.1f} MiB; a gpud takes at most {MAX_FRAME_BYTES // 2**20}"
+        " MiB a request"
+    )
+    if method in ("run.launch", "run.join"):
+        line += ": make the spec smaller (a large DeepSpeed config, env or args belong in a"
+        line += " file the script reads)"
+    return line
 
 
 class Role(str, Enum):

@@ -639,10 +639,44 @@ def _env_value(value: Any) -> Any:
 # --------------------------------------------------------------------------- loading
 
 
+#: A spec file's bounds: its size, how deep it nests, and how many values it holds once
+#: its aliases are expanded (a YAML "billion laughs" holds 10^9 in a few hundred bytes).
+SPEC_MAX_BYTES = 1024 * 1024
+SPEC_MAX_DEPTH = 64
+SPEC_MAX_VALUES = 200_000
+#: … and how many characters its values hold expanded (what the wire would carry).
+SPEC_MAX_EXPANDED = 4 * 1024 * 1024
+
+
+class SpecTooLarge(yaml.YAMLError):
+    """A spec past one of its bounds (a YAMLError: said as the file's one line)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
 class _SpecLoader(yaml.SafeLoader):
     """YAML 1.2's booleans (true/false only): under YAML 1.1's, `restart: {on: [user]}`
     read as `{True: [user]}` and failed with a line no one could act on. A value such as
-    `queue: yes` still validates as true (pydantic reads yes/no/on/off)."""
+    `queue: yes` still validates as true (pydantic reads yes/no/on/off).
+
+    Bounded: nesting past SPEC_MAX_DEPTH is refused as it is read (the composer recurses:
+    10,000 levels were a RecursionError), and a document whose aliases expand past
+    SPEC_MAX_VALUES before anything is built from it."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > SPEC_MAX_DEPTH:
+                raise SpecTooLarge(f"nested more than {SPEC_MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _BOOL = "tag:yaml.org,2002:bool"
@@ -655,8 +689,50 @@ _SpecLoader.add_implicit_resolver(
 )
 
 
+def _expanded(node: yaml.Node, memo: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(values, characters) `node` holds with every alias expanded: each shared node is
+    counted once per use, computed once. Stops adding up past the bounds."""
+    known = memo.get(id(node))
+    if known is not None:
+        return known
+    values, chars = 1, 2
+    if isinstance(node, yaml.ScalarNode):
+        chars = len(node.value) + 2
+    else:
+        children = (
+            node.value
+            if isinstance(node, yaml.SequenceNode)
+            else [child for pair in node.value for child in pair]
+        )
+        for child in children:
+            more = _expanded(child, memo)
+            values, chars = values + more[0], chars + more[1]
+            if values > SPEC_MAX_VALUES or chars > SPEC_MAX_EXPANDED:
+                break
+    memo[id(node)] = values, chars
+    return values, chars
+
+
 def _yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_SpecLoader)  # a SafeLoader: no tags, no objects
+    """One YAML document, within the spec's bounds (a SafeLoader: no tags, no objects)."""
+    if len(text) > SPEC_MAX_BYTES:
+        raise SpecTooLarge(
+            f"{len(text) / 2**20:.1f} MiB; a spec is at most {SPEC_MAX_BYTES // 2**20} MiB"
+        )
+    loader = _SpecLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        values, chars = _expanded(node, {})
+        if values > SPEC_MAX_VALUES or chars > SPEC_MAX_EXPANDED:
+            raise SpecTooLarge(
+                f"more than {SPEC_MAX_VALUES:,} values or {SPEC_MAX_EXPANDED // 2**20} MiB"
+                " once its aliases are expanded"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _split_override(text: str) -> tuple[list[str], Any]:
@@ -804,6 +880,11 @@ def _resolve_paths(data: dict[str, Any], base: Path, source: SpecSource) -> dict
         path = (base / deepspeed["config"]).resolve()
         origin = source.of(("deepspeed", "config"))
         try:
+            if path.stat().st_size > SPEC_MAX_BYTES:
+                raise SpecError(
+                    f"{origin}: deepspeed.config: {path} is over"
+                    f" {SPEC_MAX_BYTES // 2**20} MiB (a DeepSpeed config is a few kB)"
+                )
             content = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise SpecError(f"{origin}: deepspeed.config: cannot read {path}: {exc}") from None
@@ -833,6 +914,8 @@ def load_spec(path: Path, overrides: list[str] | None = None, name: str | None =
         raise SpecError(f"{source}: cannot read: {exc.strerror}") from None
     try:
         data = _yaml(text)
+    except SpecTooLarge as exc:
+        raise SpecError(f"{source}: too large: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""

@@ -242,6 +242,13 @@ class Supervisor:
             require_absolute_paths(spec)
         except SpecError as exc:
             raise ProtocolError(ErrorCode.INVALID_BODY, str(exc)) from None
+        if spec.workdir is not None and not Path(spec.workdir).is_dir():
+            # said now (a dry run too), not as a part that cannot start
+            raise ProtocolError(
+                ErrorCode.INVALID_BODY,
+                f"spec: workdir: {spec.workdir} is not a directory on {self.node}; the"
+                " script runs there on every node of the run",
+            )
         if not spec.allow_outside_scheduler and slurm_compute_node():
             raise ProtocolError(
                 ErrorCode.INVALID_BODY,

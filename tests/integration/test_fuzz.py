@@ -11,8 +11,9 @@ import psutil
 import zmq
 
 from gpud.keys import load_client_keypair
-from gpud.protocol import MAX_FRAME_BYTES
+from gpud.protocol import MAX_FRAME_BYTES, READ_FRAME_BYTES
 from tests.support.daemons import RunningDaemon
+from tests.support.waiting import until
 
 GARBAGE_JSON = [
     b"",
@@ -105,6 +106,26 @@ def test_fuzzed_frames_get_error_replies_and_leave_the_daemon_flat(daemon: Runni
     assert daemon.client().node_info().node == "node0"
 
 
+def test_a_frame_over_the_limit_is_refused_in_one_line_naming_it(daemon: RunningDaemon) -> None:
+    """Issue 33 §5: a request over 4 MiB waited 60 s for an answer that never came, and the
+    daemon said nothing. Now it answers, and logs one line; nothing is parsed."""
+    ctx = zmq.Context()
+    try:
+        sock = _authorized_dealer(ctx, daemon)
+        sock.send(b"{" + b" " * (MAX_FRAME_BYTES + 100_000) + b"}")
+        assert sock.poll(10_000), "no answer to a request over the limit"
+        reply = json.loads(sock.recv())
+    finally:
+        ctx.destroy(linger=0)
+    assert reply["error"]["code"] == "invalid_body"
+    assert reply["error"]["message"] == (
+        "a request of 4.1 MiB; a gpud takes at most 4 MiB a request"
+    )
+    until("the daemon's line", lambda: "refused a request from" in daemon.log(), timeout=10)
+    assert "a gpud takes at most 4 MiB a request" in daemon.log()
+    assert daemon.client().node_info().node == "node0"
+
+
 def test_huge_frames_are_refused_by_the_socket(daemon: RunningDaemon) -> None:
     proc = psutil.Process(daemon.proc.pid)
     before = proc.memory_info().rss
@@ -112,7 +133,7 @@ def test_huge_frames_are_refused_by_the_socket(daemon: RunningDaemon) -> None:
     try:
         sock = _authorized_dealer(ctx, daemon)
         for _ in range(20):
-            sock.send(b"x" * (MAX_FRAME_BYTES + 1))
+            sock.send(b"x" * (READ_FRAME_BYTES + 1))
         assert sock.poll(1000) == 0  # the connection was dropped, nothing was parsed
     finally:
         ctx.destroy(linger=0)

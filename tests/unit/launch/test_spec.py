@@ -277,3 +277,51 @@ def test_metrics_auto_none_or_patterns(tmp_path: Path) -> None:
     assert str(bad.value).endswith(
         "run.yaml: metrics: 'autoo': give a list of patterns, `auto` or `none`"
     )
+
+
+def _laughs(levels: int) -> str:
+    """A YAML "billion laughs" in deepspeed.extra: 10**levels values in a few lines."""
+    lines = ['    l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for n in range(1, levels):
+        lines.append(f"    l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * 10) + "]")
+    return MINIMAL + "deepspeed:\n  extra:\n" + "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (  # 10,000 levels: the composer's recursion was a 2,997-line RecursionError
+            MINIMAL.replace(
+                "script: train.py", "script: train.py\nargs: " + "[" * 10_000 + "]" * 10_000
+            ),
+            "too large: nested more than 64 levels deep",
+        ),
+        (  # 10**9 values, and gpuctl grew past 3 GB
+            _laughs(9),
+            "too large: more than 200,000 values or 4 MiB once its aliases are expanded",
+        ),
+        (  # few values, but a long string used a thousand times
+            MINIMAL
+            + "env:\n  A: &a "
+            + "x" * 10_000
+            + "\nargs: ["
+            + ", ".join(["*a"] * 1000)
+            + "]\n",
+            "too large: more than 200,000 values or 4 MiB once its aliases are expanded",
+        ),
+        (MINIMAL + "# " + "x" * 1_100_000 + "\n", "too large: 1.0 MiB; a spec is at most 1 MiB"),
+    ],
+    ids=["deep", "billion-laughs", "long-alias", "big-file"],
+)
+def test_a_spec_past_its_bounds_is_one_line(tmp_path: Path, text: str, said: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert str(err.value) == f"{path}: {said}"
+
+
+def test_anchors_and_aliases_within_the_bounds_still_work(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, MINIMAL + "env: &e {A: '1'}\ndeepspeed:\n  extra:\n"
+                           "    a: &a [1, 2]\n    b: [*a, *a]\n"))  # fmt: skip
+    assert spec.deepspeed is not None and spec.deepspeed.extra == {"a": [1, 2], "b": [[1, 2]] * 2}
+    assert load_spec(write(tmp_path, _laughs(5))).deepspeed is not None  # 100,000 values
