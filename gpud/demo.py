@@ -182,6 +182,9 @@ def run_demo(
     top, ctl, gpud = command("gputop"), command("gpuctl"), command("gpud")
     if not open_tui:
         click.echo("")
+        if not interactive and not no_tui:
+            click.echo("No terminal here (stdin or stdout is not a TTY), so gputop is not"
+                       " opened; from a terminal:")  # fmt: skip
         click.echo(f"  watch it:        {top} --node {address} --run {run_id}")
         click.echo(f"  or, plain text:  {ctl} --node {address} status {run_id}")
         click.echo(f"  its logs:        {ctl} --node {address} logs {run_id} -f")

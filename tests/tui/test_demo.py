@@ -34,6 +34,7 @@ def test_demo_without_a_terminal_starts_everything_and_says_where(
         assert "Started gpud" in out and "Launched cpu-ddp-" in out
         run_id = out.split("Launched ", 1)[1].split(":", 1)[0]
         assert f"gputop --node {address} --run {run_id}" in out
+        assert "No terminal here (stdin or stdout is not a TTY), so gputop is not opened" in out
         # Every hint runs as printed: an activated venv's bare name, else its path.
         hints = {
             label.strip(): words.split()[0]
@@ -49,6 +50,7 @@ def test_demo_without_a_terminal_starts_everything_and_says_where(
         run_demo(state, simulate_gpus=2, no_tui=True, control=control, events=events, sets=sets)
         again = capsys.readouterr().out
         assert "Using the running gpud" in again and f"demo run {run_id} is still going" in again
+        assert "No terminal here" not in again  # --no-tui: asked for, nothing to explain
         assert gputop_argv(address, run_id)[1:] == ["-m", "tui", "--node", address, "--run", run_id]
         with Client(resolve_target(address)) as client:
             client.stop_run(run_id, force=True)

@@ -39,5 +39,5 @@ def test_resume_marks_carry_the_world_size_where_it_changed() -> None:
     for attempt, steps in ((1, range(0, 50)), (2, range(40, 90)), (3, range(80, 120))):
         run.add_points(attempt, [{"step": s, "values": {"loss": 1.0 / (s + 1)}} for s in steps])
     drawn = run.metrics["loss"].drawn(64)
-    assert resume_marks(drawn, run.worlds) == "3 ranks, @40 (2 ranks),@80 (3 ranks)"
+    assert resume_marks(drawn, run.worlds) == "3 ranks, @40 (2 ranks), @80 (3 ranks)"
     assert resume_marks(drawn, {1: 2, 2: 2, 3: 2}) == "@40,@80"  # one world: no noise

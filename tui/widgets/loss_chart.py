@@ -29,8 +29,8 @@ STYLES = {
 
 
 def resume_marks(drawn: Drawn, worlds: dict[int, int]) -> str:
-    """`@120,340`; where the world size changed (an elastic run), every attempt's:
-    `3 ranks, @120 (2 ranks),@340 (3 ranks)`, so a slower stretch of the curve is not
+    """`@120,@340`; where the world size changed (an elastic run), every attempt's:
+    `3 ranks, @120 (2 ranks), @340 (3 ranks)`, so a slower stretch of the curve is not
     mistaken for a slower run."""
     attempts = [attempt for attempt, _, _ in drawn.segments[1:]]
     changed = len({worlds.get(a) for a, _, _ in drawn.segments} - {None}) > 1
@@ -40,7 +40,7 @@ def resume_marks(drawn: Drawn, worlds: dict[int, int]) -> str:
     for attempt, x in zip(attempts, drawn.resumed_at, strict=False):
         world = worlds.get(attempt)
         marks.append(f"@{int(x)}" + (f" ({world} ranks)" if changed and world else ""))
-    return start + ",".join(marks)
+    return start + (", " if changed else ",").join(marks)
 
 
 class LossChart(Widget):

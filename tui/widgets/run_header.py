@@ -33,7 +33,8 @@ def header_text(run: RunView, metric: str, efficiency: LiveEfficiency | None = N
         text.append(f" ({s.reason[:60]})", style="dim")
     text.append(f" · attempt {s.attempt}")
     if s.restarts:
-        text.append(f" ({s.restarts} restarts)", style="yellow")
+        word = "restart" if s.restarts == 1 else "restarts"
+        text.append(f" ({s.restarts} {word})", style="yellow")
     if s.attempt > 1 and s.start:
         text.append(f" {_short(s.start)}", style="dim")
     text.append(f" · {s.launcher}")
