@@ -85,6 +85,8 @@ class GpuTop(App[None]):
     def on_mount(self) -> None:
         self.push_screen(FleetScreen(self.model))
         if self.start_run:
+            # under Runs, as its breadcrumb says: Esc goes back to the Runs table
+            self.push_screen(RunsScreen(self.model))
             self.push_screen(RunScreen(self.model, self.start_run))
         if self.feed is not None:
             self.feed.start()

@@ -16,17 +16,20 @@ from gpud.brief import NodeBrief
 from gpud.client import Client
 from gpud.protocol import RunList
 from gpud.runmodel import RunState
-from tests.support.daemons import RunningDaemon
+from gpud.runs.logparse import split_rank
+from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import FAST, launch, script_spec, wait_for
 from tests.tui import scenes
 from tests.tui.screen import region_text, screen_text
 from tui.app import GpuTop
+from tui.model import units
 from tui.model.feed import Feed
 from tui.model.fleet import FleetModel
 from tui.model.runs import RunView
 from tui.model.targets import Target
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.run import RunScreen
+from tui.screens.runs import RunsScreen
 
 SHORT = ("training.max_steps=100000", FAST)
 #: The Run screen's goodput line: `goodput 72% [███░] training 7.2s · starting 4.1s (wall 11.3s)`
@@ -291,3 +294,85 @@ async def test_a_failed_action_is_a_notification_not_a_crash(daemon: RunningDaem
         text = screen_text(app)
         assert "stop ghost-000000 failed" in text and "no run" in text
         assert app.is_running
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_leaving_a_run_screen_keeps_the_runs_table_true_and_reopening_shows_the_end(
+    daemon: RunningDaemon,
+) -> None:
+    """Issue 33 §3: after the Run screen was left, the Runs table's LOSS stayed at the
+    screen's last point while STEP went on; reopened after the run ended, the screen
+    showed a loss, lr and log tail from 700 steps before its end; Esc from a screen opened
+    with --run went to Fleet, though the breadcrumb read Runs › run."""
+    run_id = launch(daemon, "training.max_steps=250", FAST)
+    model, feed, _ = watch(daemon)
+    app = GpuTop(model, feed, start_run=run_id, refresh_s=0.3)
+
+    def run() -> RunView:
+        found = model.runs.get(run_id)
+        assert found is not None and found.known
+        return found
+
+    def known() -> bool:
+        with model.lock:
+            found = model.runs.get(run_id)
+            return found is not None and found.known and len(found.metrics.get("loss", ())) > 3
+
+    def table_loss() -> str | None:
+        row = next((ln for ln in screen_text(app).splitlines() if run_id[:15] in ln), None)
+        found = re.search(r" (\d+)/250 +(\S+) ", row or "")
+        return found[2] if found else None
+
+    try:
+        async with app.run_test(size=(130, 40)) as pilot:
+            await settle(pilot, known, 90, "the run's live loss on its screen")
+            assert isinstance(app.screen, RunScreen) and "Runs › " in screen_text(app)
+            await pilot.press("escape")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, RunsScreen)  # as the breadcrumb said
+            with model.lock:
+                left = run().metrics["loss"].last()
+            assert left is not None
+
+            def moved_on() -> bool:
+                with model.lock:
+                    summary = run().summary
+                return (summary.last_step or 0) > left[1] + 30
+
+            await settle(pilot, moved_on, 60, "30 steps past the screen's last point")
+
+            # The table shows the daemon's loss, not the screen's last one
+            def follows() -> bool:
+                with model.lock:
+                    loss = run().summary.last_values.get("loss")
+                return loss is not None and table_loss() == units.number(loss, 3)
+
+            await settle(pilot, follows, 10, "the Runs table's LOSS following the daemon's")
+            assert table_loss() != units.number(left[2], 3)
+
+            ended = wait_for(daemon, run_id, {"succeeded", "failed"}, timeout=120)
+            assert ended.run.state is RunState.SUCCEEDED, ended.run.reason
+            last_line = gpuctl("--node", daemon.address, "logs", run_id, "--tail", "1").stdout
+            final = ended.run.last_values
+            app.push_screen(RunScreen(model, run_id))
+
+            def shows_the_end() -> bool:
+                with model.lock:
+                    found = run()
+                    lines = found.logs.lines()
+                    return (
+                        found.history == "loaded"
+                        and found.last_value("loss") == final["loss"]
+                        and found.last_value("lr") == final["lr"]
+                        and bool(lines)
+                        and lines[-1].text == split_rank(last_line.strip())[1]
+                    )
+
+            await settle(pilot, shows_the_end, 30, "the reopened screen's last values and lines")
+            await pilot.press("escape")
+            await pilot.pause(0.5)
+            header = next(ln for ln in screen_text(app).splitlines() if "LOSS" in ln)
+            assert "RATE ETA" in " ".join(header.split()) and "RATEETA" not in header, header
+    finally:
+        feed.stop()

@@ -341,10 +341,17 @@ class FleetModel:
             self.topics_version += 1
 
     def unfocus(self, run_id: str) -> None:
+        """No screen shows it any more: its own topics stop, so what was fetched for it
+        (history, log tails, health) goes stale and is fetched again when it shows."""
         with self.lock:
             self.focused[run_id] -= 1
             if self.focused[run_id] <= 0:
                 del self.focused[run_id]
+                run = self.runs.get(run_id)
+                if run is not None:
+                    run.history = "none" if run.history == "loaded" else run.history
+                    run.logs.tails_loaded.clear()
+                    run.health_asked = False
             self.topics_version += 1
 
     def focus_node(self, key: str) -> None:

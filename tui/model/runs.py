@@ -298,11 +298,16 @@ class RunView:
         return names
 
     def last_value(self, name: str) -> float | None:
+        """The newest value of `name`: from its series while the run's screen keeps it
+        live, else from the summary (briefs), whichever saw the later step."""
         series = self.metrics.get(name)
         last = series.last() if series is not None else None
-        if last is not None:
-            return last[2]
-        return self.summary.last_values.get(name) if self.parts else None
+        summary = self.summary if self.parts else None
+        if summary is not None and name in summary.last_values:
+            newer = last is None or (summary.attempt, summary.last_step or -1) > (last[0], last[1])
+            if newer:
+                return summary.last_values[name]
+        return last[2] if last is not None else None
 
     def steps_done(self) -> int | None:
         """Steps done (`completed_steps`): the newest step index seen in a metric or the

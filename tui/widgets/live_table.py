@@ -27,7 +27,9 @@ class LiveTable(DataTable[Cell]):
 
     def on_mount(self) -> None:
         for label, key, width in self._columns:
-            self.add_column(label, key=key, width=width)
+            # a column as wide as its content keeps the gap after its label too: an
+            # ended run's empty RATE printed `RATEETA`
+            self.add_column(label if width is not None else f"{label} ", key=key, width=width)
 
     @property
     def selected_key(self) -> str | None:
