@@ -2,7 +2,8 @@
 
 Three real `gpud serve` on this host make a 3-node run of the CPU DDP example (one gloo
 rank per node, `elastic: {min_nodes: 2}`, `lost_after_s: 10`, a checkpoint every 20
-steps, no restart backoff). Node 2 freezes whole (SIGSTOP of its daemon and its rank):
+steps, and README's elastic example's `restart: {max_attempts: 5}` with the default
+backoff). Node 2 freezes whole (SIGSTOP of its daemon and its rank):
 node 0 waits `lost_after_s`, calls it lost, stops the other parts and starts the next
 attempt on nodes 0 and 1 from the latest checkpoint. Measured from the freeze to the
 first step of the 2-node attempt, from the run's own records, and split into:
@@ -15,7 +16,8 @@ first step of the 2-node attempt, from the run's own records, and split into:
   checkpoint's load).
 
 Beside it, the same-shape restart: the same 3-node run, not elastic, with a rank on node 2
-killed (its failure is seen at once), restarted on the same three nodes.
+killed (its failure is seen at once), restarted on the same three nodes: a crash, so it
+waits the backoff (10 s) first.
 
     .venv/bin/python bench/elastic_recovery.py
 """
@@ -64,7 +66,7 @@ def _launch(nodes: list[RunningDaemon], *sets: str) -> str:
     args += ["--json", "launch", str(ROOT / "config/examples/cpu-ddp.yaml")]
     base = (
         FAST, "training.max_steps=100000", "nproc_per_node=1", "checkpoint.every_steps=20",
-        f"lost_after_s={LOST_AFTER_S}", "restart.max_attempts=1", "restart.backoff_s=0",
+        f"lost_after_s={LOST_AFTER_S}", "restart.max_attempts=5",  # README's example
     )  # fmt: skip
     for setting in (*base, *sets):
         args += ["--set", setting]

@@ -45,6 +45,8 @@ class RestartPolicy:
     backoff_s: float = 10.0
     backoff_max_s: float = 300.0
     on: frozenset[CauseKind] = frozenset(DEFAULT_RESTART_ON)
+    #: An elastic run: its next attempt leaves a lost node out instead of waiting for it.
+    elastic: bool = False
 
     def delay(self, restarts: int) -> float:
         return float(min(self.backoff_s * 2**restarts, self.backoff_max_s))
@@ -280,13 +282,18 @@ def decide(
                 return GangDecision(
                     RunState.FAILED, f"{reason}; {refusal}", lost, propagate, cause=failure
                 )
-            delay = restart.delay(run.restarts)
-            why = (
-                f"{reason}; restarting in {delay:g}s "
-                f"(restart {run.restarts + 1} of {restart.max_attempts})"
-            )
-            if gone:
-                why += " once every node answers"
+            count = f"restart {run.restarts + 1} of {restart.max_attempts}"
+            if gone and restart.elastic:
+                # Not a crash loop: the node is gone, and the next attempt leaves it out.
+                # No backoff (it would only add to the time the run does not train).
+                delay = 0.0
+                nodes = ", ".join(str(r) for r in gone)
+                why = f"{reason}; restarting now without node {nodes} ({count})"
+            else:
+                delay = restart.delay(run.restarts)
+                why = f"{reason}; restarting in {delay:g}s ({count})"
+                if gone:
+                    why += " once every node answers"
             return GangDecision(
                 RunState.PENDING, why, lost, propagate, restart_at=now + delay, cause=failure
             )

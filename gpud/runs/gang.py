@@ -440,6 +440,7 @@ class Gang:
                 spec.restart.backoff_s,
                 spec.restart.backoff_max_s,
                 frozenset(spec.restart.on),
+                elastic=spec.elastic is not None,
             ),
             cause=view.cause,
             teardown_abort=teardown,

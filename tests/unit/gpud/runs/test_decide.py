@@ -213,6 +213,24 @@ def test_a_restart_after_a_lost_node_says_it_waits_for_every_node() -> None:
     assert (decision.reason or "").endswith("once every node answers")
 
 
+def test_an_elastic_run_restarts_at_once_without_its_lost_node() -> None:
+    """Issue 33 §4: a lost node that the next attempt leaves out is no crash loop: no
+    backoff (10 s, then 20 s, added to each recovery with the README's own settings)."""
+    ended = parts(RunState.FAILED, RunState.LOST, RunState.STOPPED, seen=50.0)
+    policy = RestartPolicy(max_attempts=5, backoff_s=10.0, elastic=True)
+    for restarts in (0, 1, 3):
+        decision = at(50.0, run(RunState.STOPPING, restarts=restarts), ended, policy,
+                      cause=CAUSE)  # fmt: skip
+        assert decision.state is RunState.PENDING and decision.restart_at == 50.0
+        assert (decision.reason or "").endswith(
+            f"; restarting now without node 1 (restart {restarts + 1} of 5)"
+        )
+    # a failure with no node lost still backs off
+    crashed = parts(RunState.FAILED, RunState.STOPPED, RunState.STOPPED, seen=50.0)
+    again = at(50.0, run(RunState.STOPPING, restarts=1), crashed, policy, cause=CAUSE)
+    assert again.restart_at == 70.0 and "restarting in 20s" in (again.reason or "")
+
+
 def test_a_user_stop_ends_stopped_even_with_a_lost_node_and_says_so() -> None:
     stopping = run(RunState.STOPPING, stop_requested=True, reason="stop requested by ops")
     views = parts(RunState.STOPPED, RunState.RUNNING, RunState.STOPPED, seen=0.0)
