@@ -117,7 +117,7 @@ class Part:
         at most `log_max_bytes` (None: no bound)."""
         spec_path = shim.write_spec(self.dir, files, argv, env, cwd, self.log_path, log_max_bytes)
         self.oom_kills_at_start = causes.oom_kills()
-        self._popen = subprocess.Popen(
+        self._popen = _SHIMS.add_new(subprocess.Popen(
             # The shim is stdlib-only: run its file without site-packages (-S), which takes
             # ~40 ms off every launch.
             [sys.executable, "-S", str(SHIM), str(spec_path)],
@@ -126,7 +126,7 @@ class Part:
             stderr=open(self.dir / "shim.log", "ab"),  # noqa: SIM115 - the child keeps it
             start_new_session=True,
             close_fds=True,
-        )
+        ))  # fmt: skip
         now = self._clock()
         self.update(
             state=RunState.STARTING,
@@ -368,3 +368,25 @@ def _int(value: object) -> int:
 
 def _int_list(value: object) -> list[int]:
     return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
+
+
+class _Shims:
+    """Every shim this daemon started, until it is reaped: a part that is replaced or
+    left behind (an elastic attempt's stale part) no longer polls its own, and its shim
+    would stay `<defunct>` under the daemon. `reap()` each tick."""
+
+    def __init__(self) -> None:
+        self._running: set[subprocess.Popen[bytes]] = set()
+
+    def add_new(self, popen: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        self._running.add(popen)
+        return popen
+
+    def reap(self) -> int:
+        """Reap the shims that ended; returns how many are still running."""
+        self._running = {p for p in self._running if p.poll() is None}
+        return len(self._running)
+
+
+_SHIMS = _Shims()
+reap_shims = _SHIMS.reap

@@ -69,7 +69,7 @@ from gpud.runs.gpus import Gpu
 from gpud.runs.hangs import HangWatch
 from gpud.runs.intake import Intake
 from gpud.runs.leases import GpuLeases
-from gpud.runs.part import Outcome, Part
+from gpud.runs.part import Outcome, Part, reap_shims
 from gpud.runs.ports import NoFreePort, pick_port
 from gpud.runs.queries import Queries
 from gpud.runs.shim import DISK_FULL
@@ -942,6 +942,7 @@ class Supervisor:
         now = self.clock()
         with self.ledger.charge("store"):
             self.store.retry()
+        reap_shims()
         for run, part in self.book.busy_parts():
             if part.log_done:
                 continue
