@@ -89,6 +89,7 @@ def one(elastic: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="gpud-elastic-") as tmp:
         nodes = [start_daemon(Path(tmp), node=f"n{i}", simulate_gpus=None) for i in range(3)]
         frozen: list[psutil.Process] = []
+        run_id = None
         try:
             run_id = _launch(nodes, *(["elastic={min_nodes: 2}"] if elastic else []))
             target = nodes[0].target()
@@ -141,6 +142,13 @@ def one(elastic: bool) -> dict[str, float]:
                     pass
             for node in nodes:
                 node.stop()
+            # a daemon's stop leaves its runs going (by design): the frozen node's part,
+            # which node 0 could not stop, would train on alone
+            for left in procs.tagged(run_id) if run_id else []:
+                try:
+                    left.kill()
+                except psutil.NoSuchProcess:
+                    pass
 
 
 def main() -> None:
