@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pwd
 import socket
@@ -34,13 +35,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gpud.bursts import INTERVAL_S, Bursts, Summary
+from gpud.bursts import INTERVAL_S, Bursts, Summary, ThrottledLog
 
 #: Rotated files kept beside the live one.
 KEEP = 3
 #: The default bound of the log and its rotated files together (`gpud serve
 #: --audit-max-mb`); at about 300 bytes a record, some 200,000 records.
 DEFAULT_MAX_BYTES = 64 * 2**20
+
+log = logging.getLogger("gpud.audit")
+_unwritten = ThrottledLog(log)
 
 #: The audit log's name in a state dir, and its refusals' beside it.
 AUDIT_LOG = "audit.log"
@@ -97,31 +101,49 @@ def append_record(path: Path, record: AuditRecord) -> None:
 
 
 class _Bounded:
-    """One file and its rotations, together under `max_bytes`."""
+    """One file and its rotations, together under `max_bytes`. A write the disk refuses
+    (a full state dir) is counted and logged, never raised: the request is answered."""
 
     def __init__(self, path: Path, max_bytes: int) -> None:
         self.path = path
         self.file_bytes = max(1024, max_bytes // (KEEP + 1))
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.lost = 0  # records a write refused
+        self._closed = False
+        self._fd = -1
+        self._open()
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def _rotate(self) -> None:
         os.close(self._fd)
+        self._fd = -1
         for n in range(KEEP, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{n}")
             newer = self.path.with_name(f"{self.path.name}.{n - 1}") if n > 1 else self.path
             if newer.exists():
                 os.replace(newer, older)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._open()
 
     def write(self, line: bytes) -> None:
-        if self._fd < 0:
-            return  # closed: the daemon is stopping
-        # the file's own size (gpuctl appends key changes to it while the daemon runs)
-        if os.fstat(self._fd).st_size + len(line) > self.file_bytes:
-            self._rotate()
-        os.write(self._fd, line)
+        if self._closed:
+            return  # the daemon is stopping
+        try:
+            if self._fd < 0:
+                self._open()  # a rotation the disk cut short
+            # the file's own size (gpuctl appends key changes to it while the daemon runs)
+            if os.fstat(self._fd).st_size + len(line) > self.file_bytes:
+                self._rotate()
+            os.write(self._fd, line)
+        except OSError as exc:
+            self.lost += 1
+            _unwritten.warning(
+                self.path.name, f"{self.path}: a record could not be written ({exc.strerror});"
+                f" {self.lost} lost so far"
+            )  # fmt: skip
 
     def close(self) -> None:
+        self._closed = True
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
