@@ -555,6 +555,23 @@ class Store:
             )
             return self._db.total_changes - before
 
+    def step_span(
+        self, run_id: str, attempt: int, before: float
+    ) -> tuple[tuple[int, float], tuple[int, float]] | None:
+        """The first and last stored step of an attempt logged before `before`, with
+        their times: ((step, time), (step, time)); None where it stored none."""
+        ends = []
+        for order in ("ASC", "DESC"):
+            row = self._db.execute(
+                "SELECT step, time FROM metrics WHERE run_id = ? AND attempt = ? AND time < ?"
+                f" ORDER BY step {order}, time {order} LIMIT 1",
+                (run_id, attempt, before),
+            ).fetchone()
+            if row is None:
+                return None
+            ends.append((int(row[0]), float(row[1])))
+        return ends[0], ends[1]
+
     def metrics(
         self, run_id: str, name: str | None = None, limit: int = 100_000
     ) -> list[tuple[int, int, float, str, float]]:

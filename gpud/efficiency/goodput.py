@@ -12,6 +12,12 @@ the fact, and are moved out of `training` when they are:
 - **lost**: after a restart from a checkpoint older than the attempt's last step, the
   steps done again: (last step − resume step) × that attempt's seconds per step.
 
+A daemon that starts while its runs go on (an upgrade, a restart, a crash) carries the
+account on from its record, as far as the steps the store kept go (training to the last
+of them; a run no daemon accounted, from a release without goodput, starting up to its
+first: `GoodputClock.before_watched`); the rest, to the daemon's start, is
+**unwatched**, its own bucket.
+
 Goodput is `training` (less all of the above) over the wall time, per run and per
 attempt. Pure: the daemon's `gpud.runs.goodput` feeds it; nothing here does I/O.
 """
@@ -35,6 +41,9 @@ class Bucket(str, Enum):
     STOPPING = "stopping"
     RESTARTING = "restarting"  # a failure to the next attempt's first step
     LOST = "lost"  # steps done again after a restart from an older checkpoint
+    # no daemon watched the run (gpud was stopped, upgraded or crashed while it ran on
+    # under its shim): nothing says how that time went
+    UNWATCHED = "unwatched"
 
 
 #: The order the buckets are shown in.
@@ -143,6 +152,7 @@ _GLYPH = {
     Bucket.STALLED: "!",
     Bucket.STOPPING: "-",
     Bucket.LOST: "x",
+    Bucket.UNWATCHED: "?",
 }
 
 
@@ -221,6 +231,35 @@ class GoodputClock:
         found = _Attempt(attempt=attempt)
         self._attempts.append(found)
         return found
+
+    def unwatched(self, attempt: int, until: float) -> None:
+        """No daemon watched the run from the record's end to `until` (this daemon's
+        start): that time is its own bucket."""
+        if self.ended or until <= self.until:
+            return
+        a = self._attempt(attempt)
+        a.seconds[Bucket.UNWATCHED.value] = (
+            a.seconds.get(Bucket.UNWATCHED.value, 0.0) + until - self.until
+        )
+        self.until = until
+
+    def before_watched(
+        self, attempt: int, first: tuple[int, float], last: tuple[int, float]
+    ) -> None:
+        """Steps the store kept of the attempt from before this daemon watched it, from
+        `first` to `last` ((step, time)): a run no daemon accounted (a release without
+        goodput) was starting (or restarting) up to its first step, and training from
+        its first step (or the record's end) to its last."""
+        if self.ended:
+            return
+        a = self._attempt(attempt)
+        if a.first_step is None:
+            if first[1] > self.until:
+                self.advance(first[1], "running", attempt)
+            self.stepped(attempt, first[0], first[1])
+        if last[1] > self.until:
+            self.advance(last[1], "running", attempt)
+        self.stepped(attempt, last[0], last[1])
 
     def first_step(self, attempt: int) -> int | None:
         return self._attempt(attempt).first_step

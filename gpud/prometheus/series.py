@@ -402,7 +402,8 @@ def run_families(runs: list[RunOnNode]) -> Iterator[Metric]:
     seconds = _gauge(
         "gpud_run_seconds",
         "The run's wall time so far by bucket: queued, starting, training, checkpointing,"
-        " stalled, stopping, restarting, lost (node 0 only; they add up to the wall time)."
+        " stalled, stopping, restarting, lost, unwatched (node 0 only; they add up to the wall"
+        " time)."
         " training can drop as time learnt later moves out of it: take differences, not rate.",
         ("run", "bucket"),
     )

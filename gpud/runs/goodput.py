@@ -5,11 +5,15 @@ to the bucket of the run's state (`gpud.efficiency.goodput`); rank 0's steps, th
 the trainer reports and health's stalls move time between buckets as they are learnt.
 The record rides on the run (`RunRecord.goodput`), stored every `PERSIST_S`, when the run
 moves or an attempt takes its first step, and at the run's end, so a restarted daemon
-carries on from it (the time it was down goes to the bucket the run was in) and an ended
-run keeps its figures.
+carries on from it and an ended run keeps its figures. The time from the record to this
+daemon's start, when no daemon watched the run, is `unwatched`; a run no daemon
+accounted (adopted from a release without goodput) has its time before rebuilt from the
+metrics the store kept.
 """
 
 from __future__ import annotations
+
+import time
 
 from gpud.efficiency.goodput import Goodput, GoodputClock
 from gpud.runmodel import HealthSummary, RunRecord
@@ -26,8 +30,12 @@ def _state(run: RunRecord) -> str:
 
 
 class GoodputKeeper:
-    def __init__(self, book: RunBook, health: dict[str, HealthSummary]) -> None:
+    def __init__(
+        self, book: RunBook, health: dict[str, HealthSummary], started_at: float | None = None
+    ) -> None:
         self.book = book
+        #: when this daemon started: a live run's time before it, no daemon watched
+        self.started_at = time.time() if started_at is None else started_at
         self.health = health  # node 0's latest health of each run (Telemetry.health)
         self._clocks: dict[str, GoodputClock] = {}
         self._state: dict[str, tuple[str, int]] = {}  # run → (state, attempt) at the last tick
@@ -37,8 +45,16 @@ class GoodputKeeper:
     def _clock(self, run: RunRecord) -> GoodputClock:
         clock = self._clocks.get(run.id)
         if clock is None:
-            record = run.goodput or Goodput(until=run.created_at)
-            clock = self._clocks[run.id] = GoodputClock(record)
+            clock = self._clocks[run.id] = GoodputClock(
+                run.goodput or Goodput(until=run.created_at)
+            )
+            if not run.state.terminal and clock.until < self.started_at:
+                # adopted: it went on while no daemon watched; what the store kept of its
+                # steps says how far its account can be carried, the rest is unwatched
+                span = self.book.store.step_span(run.id, run.attempt, self.started_at)
+                if span is not None:
+                    clock.before_watched(run.attempt, *span)
+                clock.unwatched(run.attempt, self.started_at)
         if not run.state.terminal:
             clock.reopen(run.state_since)  # resumed after it ended
         return clock

@@ -102,15 +102,18 @@ def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, v
     wait_for_step(nodes[0], run_id, 10)
     to_step_10 = time.monotonic() - launched
     kill_daemon(nodes[victim])
+    killed = time.monotonic()
     time.sleep(3.0)  # the ranks go on without it; rank 0 keeps logging metrics
     nodes[victim] = restart(daemons, nodes[victim])
+    down = time.monotonic() - killed
     assert "re-adopted" in nodes[victim].log()
     s0 = wait_for(nodes[0], run_id, {"succeeded", "failed", "stopped"}, timeout=180)
     assert s0.run.state is RunState.SUCCEEDED, s0.run.reason
-    # Goodput carried over node 0's restart (issue 23 §2): the stored account went on, the
-    # time node 0 was down is training (the run's state then), every second is in one
-    # bucket. Had the account been lost, the restarted clock would have put everything
-    # up to its first step after the restart in `starting`.
+    # Goodput carried over node 0's restart (issue 23 §2): the stored account went on, as
+    # far as the steps the store kept, and the time no daemon watched is its own bucket
+    # (issue 33 §6), every second in one bucket. Had the account been lost, the restarted
+    # clock would have put everything up to its first step after the restart in
+    # `starting`.
     g = s0.goodput
     assert g is not None and g.ended and g.ratio is not None
     wall = s0.run.state_since - s0.run.created_at
@@ -119,7 +122,12 @@ def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, v
     # the rest ran: trained, saved, or (on a machine busy enough to hold a paced step up)
     # stalled; none of it restarting or lost, which a lost account would have made
     ran = g.seconds["training"] + g.seconds["checkpointing"] + g.seconds["stalled"]
-    assert ran >= wall - to_step_10 - 2.0, (g.seconds, wall)
+    unwatched = g.seconds["unwatched"]
+    assert ran + unwatched >= wall - to_step_10 - 2.0, (g.seconds, wall)
+    if victim == 0:  # down, and up to a record's age (PERSIST_S) before it
+        assert 0 < unwatched <= down + 10.0, (g.seconds, down)
+    else:
+        assert unwatched == 0, g.seconds  # node 0 watched throughout
     assert g.seconds["restarting"] == g.seconds["lost"] == g.seconds["queued"] == 0, g.seconds
     assert not g.attempts[0].unstepped
     assert [p.state for p in s0.parts] == [RunState.SUCCEEDED, RunState.SUCCEEDED]

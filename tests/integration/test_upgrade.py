@@ -21,6 +21,7 @@ Skipped, saying why, where the checkout has no git history or no `v0.1.0` tag.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -170,6 +171,19 @@ def test_an_upgrade_in_place_adopts_the_previous_releases_run_and_loses_no_step(
     upgraded_at = status(new, run_id).run.last_step or 0
     # The old library reports to the new daemon: metrics, and both ranks' heartbeats.
     wait_for_step(new, run_id, upgraded_at + 20)
+    # Goodput carries the account on (issue 33 §6): the previous release kept none, so the
+    # steps it stored say when the run started training and how far it got under it;
+    # only the gap after them is unwatched, none of it `starting`.
+    rows = json.loads(gpuctl("--node", new.address, "--json", "metrics", run_id,
+                             "--name", "loss").stdout)["rows"]  # fmt: skip
+    first_at = min(r["time"] for r in rows)
+    old_steps = [r["time"] for r in rows if r["step"] <= upgraded_at]
+    g = status(new, run_id).goodput
+    assert g is not None, "no goodput after the upgrade"
+    created = status(new, run_id).run.created_at
+    assert g.seconds["starting"] <= first_at - created + 1.0, (g.seconds, first_at - created)
+    assert g.seconds["training"] >= max(old_steps) - first_at, g.seconds
+    assert 0 < g.seconds["unwatched"] < 30, g.seconds
     until(
         "both ranks' heartbeats reach the new daemon",
         lambda: [r.heartbeat_age_s is not None and r.heartbeat_age_s < 5

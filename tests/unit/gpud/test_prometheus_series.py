@@ -121,7 +121,7 @@ def test_goodput_and_the_seconds_by_bucket_add_up_to_the_wall_time() -> None:
     seconds = series["gpud_run_seconds"]
     assert seconds[("bucket=queued",)] == 10.0 and seconds[("bucket=starting",)] == 10.0
     assert seconds[("bucket=training",)] == 36.0 and seconds[("bucket=checkpointing",)] == 4.0
-    assert sum(seconds.values()) == 60.0 and len(seconds) == 8  # every bucket, 0 or not
+    assert sum(seconds.values()) == 60.0 and len(seconds) == 9  # every bucket, 0 or not
     assert "gpud_run_goodput_ratio" not in rendered(RunOnNode(summary()))
 
 

@@ -167,3 +167,34 @@ def test_a_viewer_carries_a_stored_account_on_in_the_bucket_the_run_is_in() -> N
     assert stored.carried_to(40.0, "succeeded", 1, stepped=True) is stored  # ended: nothing
     stalled = stored.model_copy(update={"stalled": True})
     assert stalled.carried_to(40.0, "running", 1, stepped=True).seconds["stalled"] == 30.0
+
+
+def test_the_time_no_daemon_watched_is_its_own_bucket() -> None:
+    """Issue 33 §6: gpud restarted (or upgraded) under a run: from its record to the new
+    daemon's start nothing was watched; not training, not the bucket it was in."""
+    c = GoodputClock(Goodput(until=0.0))
+    c.advance(5.0, "running", 1)
+    c.stepped(1, 0, 5.0)
+    c.advance(15.0, "running", 1)
+    again = GoodputClock(c.record())
+    again.unwatched(1, 30.0)  # the new daemon started at 30
+    again.advance(45.0, "running", 1)
+    g = again.record()
+    assert (g.seconds["starting"], g.seconds["training"]) == (5.0, 25.0)
+    assert g.seconds["unwatched"] == 15.0 and g.wall_s == 45.0
+    assert "unwatched 15.0s" in g.line()
+
+
+def test_a_run_no_daemon_accounted_has_its_time_rebuilt_from_its_steps() -> None:
+    """An upgrade from a release without goodput: the run's steps in the store say it
+    started training at 8 s and stepped until 31 s; the daemon adopted it at 40 s."""
+    c = GoodputClock(Goodput(until=0.0))  # created at 0
+    c.before_watched(1, (0, 8.0), (99, 31.0))
+    c.unwatched(1, 40.0)
+    c.stepped(1, 120, 42.0)  # the new daemon's first step seen: training goes on
+    c.advance(50.0, "running", 1)
+    g = c.record()
+    assert g.seconds["starting"] == 8.0
+    assert g.seconds["training"] == pytest.approx(23.0 + 10.0)
+    assert g.seconds["unwatched"] == 9.0 and g.wall_s == 50.0
+    assert g.attempts[0].first_step == 0 and g.attempts[0].last_step == 120
