@@ -39,7 +39,8 @@ class FrameworkSteps:
         saves a checkpoint and ends training, then calls `stopped`."""
         self._flops.close()
         self.last_step = step
-        self.run.log(step, **numbers(values or {}))
+        # only rank 0's are kept: a tensor's `item()` elsewhere would be a device sync for nothing
+        self.run.log(step, **(numbers(values or {}) if self.run.rank == 0 else {}))
         self._quiet_since = time.monotonic()
         if not self.stopping and self.run.should_stop():
             self.stopping = True
@@ -47,8 +48,8 @@ class FrameworkSteps:
 
     def values(self, step: int, values: Mapping[str, Any]) -> None:
         """More of step `step`'s metrics, logged after it ended (rank 0 records them)."""
-        found = numbers(values)
-        if found and self.run.rank == 0:
+        found = numbers(values) if self.run.rank == 0 else {}
+        if found:
             self.run.log(step, **found)
         self._quiet_since = time.monotonic()
 
