@@ -84,10 +84,10 @@ class AuditRecord(BaseModel):
     body_sha256: str | None = Field(None, description="… and its SHA-256, hex")
 
 
-def digest(body: dict[str, Any]) -> tuple[int, str]:
-    """A body's size as JSON (compact, keys sorted) and its SHA-256."""
-    data = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str).encode()
-    return len(data), hashlib.sha256(data).hexdigest()
+def canonical(body: dict[str, Any]) -> bytes:
+    """A body as JSON, compact with its keys sorted: what `body_bytes` and `body_sha256`
+    measure."""
+    return json.dumps(body, separators=(",", ":"), sort_keys=True, default=str).encode()
 
 
 def append_record(path: Path, record: AuditRecord) -> None:
@@ -189,8 +189,8 @@ class AuditLog:
         of its kind in a while, else counted for the next summary; without its body."""
         if not ok and not self._refusals.admit((action, caller, role, code or "")):
             return
-        size, sha256 = digest(body)
-        kept = ok and size <= self.body_max
+        data = canonical(body)
+        kept = ok and len(data) <= self.body_max
         entry = AuditRecord(
             time=self._wall(),
             caller=caller[:DETAIL_MAX],
@@ -200,8 +200,8 @@ class AuditLog:
             ok=ok,
             detail=None if detail is None else detail[:DETAIL_MAX],
             code=code,
-            body_bytes=None if kept else size,
-            body_sha256=None if kept else sha256,
+            body_bytes=None if kept else len(data),
+            body_sha256=None if kept else hashlib.sha256(data).hexdigest(),
         )
         self._write(entry)
 
