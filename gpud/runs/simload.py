@@ -11,6 +11,7 @@ are read from NVML.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 import psutil
@@ -21,6 +22,10 @@ from gpud.runs import procs
 RSS_AS_GPU_MEMORY = 4  # a CPU rank's RSS is small next to a GPU's; scale it to look the part
 #: What a simulated foreign process holds: well over what makes a GPU busy.
 FOREIGN_MEMORY_BYTES = 2 * 2**30
+#: How often the shims' process trees are walked again to find their ranks (at once when
+#: the set of shims changes). Walking a tree reads every process's /proc/PID/stat on the
+#: host: once per snapshot it was most of a test daemon's CPU beside a run.
+RESCAN_S = 2.0
 
 
 class SimulatedLoads:
@@ -35,7 +40,9 @@ class SimulatedLoads:
         self._shims = shims
         self._gpu_count = gpu_count
         self._foreign = dict(foreign or {})
-        self._procs: dict[int, psutil.Process] = {}
+        self._ranks: dict[int, tuple[psutil.Process, int, str]] = {}
+        self._shim_set: frozenset[int] = frozenset()
+        self._scanned_at = float("-inf")
 
     def _foreign_loads(self) -> dict[int, list[SimulatedLoad]]:
         loads: dict[int, list[SimulatedLoad]] = {}
@@ -53,29 +60,45 @@ class SimulatedLoads:
 
     def __call__(self) -> dict[int, list[SimulatedLoad]]:
         loads = self._foreign_loads()
-        alive: dict[int, psutil.Process] = {}
-        for shim in list(self._shims()):
-            for proc in procs.tree(shim):
-                try:
-                    env = proc.environ()
-                    local = env.get("LOCAL_RANK")
-                    if local is None or not local.isdigit():
-                        continue
-                    gpu = _gpu_of(int(local), env.get("CUDA_VISIBLE_DEVICES"), self._gpu_count)
-                    # Reuse the Process object: cpu_percent() measures since its last call.
-                    tracked = self._procs.get(proc.pid, proc)
-                    busy = min(100.0, tracked.cpu_percent(interval=None))
-                    memory = tracked.memory_info().rss * RSS_AS_GPU_MEMORY
-                    name = tracked.name()
-                except psutil.Error:
-                    continue
-                alive[proc.pid] = tracked
-                loads.setdefault(gpu, []).append(
-                    SimulatedLoad(pid=proc.pid, name=name, used_memory_bytes=memory, busy_pct=busy)
-                )
-        self._procs = alive
+        shims = frozenset(pid for pid in self._shims() if pid is not None)
+        now = time.monotonic()
+        if shims != self._shim_set or now - self._scanned_at >= RESCAN_S:
+            self._ranks = self._find_ranks(shims)
+            self._shim_set, self._scanned_at = shims, now
+        for pid, (proc, gpu, name) in list(self._ranks.items()):
+            try:
+                # The same Process each time: cpu_percent() measures since its last call.
+                busy = min(100.0, proc.cpu_percent(interval=None))
+                memory = proc.memory_info().rss * RSS_AS_GPU_MEMORY
+            except psutil.Error:
+                del self._ranks[pid]  # it ended
+                continue
+            loads.setdefault(gpu, []).append(
+                SimulatedLoad(pid=pid, name=name, used_memory_bytes=memory, busy_pct=busy)
+            )
         return loads
 
+    def _find_ranks(self, shims: Iterable[int]) -> dict[int, tuple[psutil.Process, int, str]]:
+        """Each rank under the shims (a process with LOCAL_RANK in its environment), with
+        its GPU and name; a rank already known keeps its Process (and CPU baseline)."""
+        found: dict[int, tuple[psutil.Process, int, str]] = {}
+        for shim in shims:
+            for proc in procs.tree(shim):
+                known = self._ranks.get(proc.pid)
+                if known is not None and known[0] == proc:  # same pid and start time
+                    found[proc.pid] = known
+                    continue
+                try:
+                    env = proc.environ()
+                    name = proc.name()
+                except psutil.Error:
+                    continue
+                local = env.get("LOCAL_RANK")
+                if local is None or not local.isdigit():
+                    continue
+                gpu = _gpu_of(int(local), env.get("CUDA_VISIBLE_DEVICES"), self._gpu_count)
+                found[proc.pid] = (proc, gpu, name)
+        return found
 
 def _gpu_of(local_rank: int, visible: str | None, gpu_count: int) -> int:
     """The simulated GPU a rank runs on: its entry of CUDA_VISIBLE_DEVICES, as CUDA picks
