@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from gpud.client import Client, ClientError, NodeTarget, resolve_target
 from gpud.keys import KeyPair
 
@@ -167,3 +169,23 @@ def start_daemon(tmp_path: Path, ready_timeout: float = 30.0, **kwargs: Any) -> 
         f"gpud did not become ready ({last_error}); a fresh gpuctl says: "
         f"{fresh.returncode} {fresh.stdout}{fresh.stderr}\n{daemon.log()}"
     )
+
+
+def kill_leftovers(root: Path) -> list[str]:
+    """SIGKILL every live process of a run whose run dir is under `root` (a test's
+    tmp_path); returns what was killed, as `PID NAME`.
+
+    A daemon stopped by SIGTERM leaves its runs training (a restarted daemon adopts them),
+    so a test that ends without stopping its runs would leave ranks burning CPU under the
+    tests after it for as long as they train."""
+    prefix = str(root) + os.sep
+    killed = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("GPUD_RUN_DIR", "").startswith(prefix):
+                name = proc.name()
+                proc.kill()
+                killed.append(f"{proc.pid} {name}")
+        except psutil.Error:
+            continue
+    return killed
