@@ -593,9 +593,6 @@ class Gang:
                 self._orphans.pop(run_id, None)
                 continue
             status = PartStatusRequest(run_id=run.id)
-            stop = PartStopRequest(
-                run_id=run.id, force=True, reason=f"run {run.id} ended", failed=True
-            )
             replies = await self._call(run, sorted(ranks), PART_STATUS, _each(status))
             for rank, reply in replies.items():
                 if isinstance(reply, Unreachable):
@@ -603,6 +600,8 @@ class Gang:
                 ranks.discard(rank)
                 if isinstance(reply, AttemptRecord) and not reply.state.terminal:
                     self.book.event(run, "orphan", f"node {rank} is back; stopping its part")
+                    why = _orphan_reason(run, reply.attempt, rank)
+                    stop = PartStopRequest(run_id=run.id, force=True, reason=why, failed=True)
                     await self._call(run, [rank], PART_STOP, _each(stop))
 
     # ------------------------------------------------------------------ new attempts
@@ -1060,3 +1059,14 @@ def _echo_wait(view: GangView, decision: GangDecision, now: float) -> bool:
     if view.echo_since is None:
         view.echo_since = now
     return now - view.echo_since < ECHO_GRACE_S
+
+
+def _orphan_reason(run: RunRecord, attempt: int, rank: int) -> str:
+    """Why a node that came back has its stale part stopped, as its own log says it: the
+    run ended, or (an elastic run) it went on without this node."""
+    if run.state.terminal:
+        return f"run {run.id} ended"
+    return (
+        f"this part of attempt {attempt} is stale: run {run.id} went on without node {rank}"
+        f" (attempt {run.attempt}, on its other nodes)"
+    )

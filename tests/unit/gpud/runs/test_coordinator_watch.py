@@ -9,6 +9,7 @@ from gpud.protocol import ErrorCode, GangStatus, PartStopRequest, ProtocolError,
 from gpud.runmodel import NodeRef, RunRecord, RunState
 from gpud.runs.book import check_member
 from gpud.runs.coordinator_watch import GAP_S, WATCH_S, CoordinatorWatch, stop_for
+from gpud.runs.gang import _orphan_reason
 from gpud.runs.peer_stops import PeerStops
 
 NODES = [
@@ -85,3 +86,17 @@ def test_node_0_tells_what_it_asked_of_the_current_attempt_only() -> None:
     stops.want(run_record(), asked)
     assert stops.wanted(run_record()) == asked
     assert stops.wanted(run_record(attempt=2)) is None
+
+
+def test_a_stale_part_stopped_by_node_0_is_told_the_run_went_on_not_that_it_ended() -> None:
+    """Issue 33 §4: an elastic run's left-out node that came back had its part's log say
+    `run … ended` while the run trained on elsewhere."""
+    going_on = run_record(attempt=2).model_copy(update={"state": RunState.RUNNING})
+    why = _orphan_reason(going_on, 1, 2)
+    assert "run r-1 ended" not in why
+    assert why == (
+        "this part of attempt 1 is stale: run r-1 went on without node 2 (attempt 2, on its"
+        " other nodes)"
+    )
+    ended = going_on.model_copy(update={"state": RunState.FAILED})
+    assert _orphan_reason(ended, 1, 2) == "run r-1 ended"
