@@ -583,6 +583,11 @@ class PartView(Reading):
     flight_recorder: list[str] = Field(
         default_factory=list, description="what its flight-recorder dumps showed"
     )
+    left_out: str | None = Field(
+        None,
+        description="why the current attempt goes on without this node (an elastic run);"
+        " None: it is in the attempt",
+    )
 
 
 class RunSummary(Reading):

@@ -210,6 +210,10 @@ class Gang:
         self._queue_tried: dict[str, float] = {}  # queued run → when last tried
         self._stops = PeerStops()  # what node 0 asked of the other nodes, until it is done
         self._watch = CoordinatorWatch()  # this node asking node 0 about the runs it is in
+        # Why each node the current attempt goes on without was left out (elastic runs),
+        # for status's NODE table; `_why_out` gathers the reasons while an attempt is chosen.
+        self._left_out: dict[str, dict[int, str]] = {}
+        self._why_out: dict[str, dict[int, str]] = {}
 
     def close(self) -> None:
         for link in self._links.values():
@@ -272,6 +276,8 @@ class Gang:
         """Let go of an ended run retention removed."""
         self.views.pop(run_id, None)
         self._queue_tried.pop(run_id, None)
+        self._left_out.pop(run_id, None)
+        self._why_out.pop(run_id, None)
 
     # ------------------------------------------------------------------ views
 
@@ -295,8 +301,14 @@ class Gang:
             flight_recorder=own.record.exit.flight_recorder if own and own.record.exit else [],
         )
         view = self.views.get(run.id)
-        others = list(view.parts.values()) if view is not None and run.is_coordinator else []
-        return [mine, *others]
+        if view is None or not run.is_coordinator:
+            return [mine]
+        out = [
+            PartView(node_rank=r, node=run.nodes[r], left_out=why)
+            for r, why in sorted(self._left_out.get(run.id, {}).items())
+            if r not in view.parts and r < len(run.nodes)
+        ]
+        return [mine, *view.parts.values(), *out]
 
     async def _poll(self, run: RunRecord, view: GangView) -> None:
         ranks = [
@@ -756,6 +768,16 @@ class Gang:
             grad_accum=grad_accum,
         )
         self.views[run.id] = GangView(run.nodes, self.book.clock(), members)
+        noted = self._why_out.pop(run.id, {})
+        self._left_out[run.id] = (
+            {
+                r: noted.get(r) or ("a spare, not needed" if r >= full else "not chosen")
+                for r in range(len(run.nodes))
+                if r not in members
+            }
+            if spec.elastic is not None
+            else {}
+        )
         self._orphans.pop(run.id, None)
         left_behind = set(before) - set(members)
         if left_behind:  # a part of theirs may still run: stopped once they answer
@@ -856,8 +878,11 @@ class Gang:
                 )
             return Reservation([], "", refusal=why, too_few=spec.elastic is not None)
         await self._give_back(run, attempt, [r for r in granted if r not in members])
+        noted = self._why_out.setdefault(run.id, {})
+        noted.update({rank: "it did not answer (lost)" for rank in left_out})
         for rank, reply in sorted(refused.items()):  # an elastic attempt goes on without it
             why = reply.message if isinstance(reply, RequestFailed) else str(reply)
+            noted[rank] = why
             self.book.event(
                 run, "attempt", f"node {rank} left out of attempt {attempt}: {why}", "warning"
             )
@@ -943,6 +968,7 @@ class Gang:
             if chosen is not None:
                 kind, text = "attempt", f"node {node} left out of attempt {attempt}: it failed"
                 text += f" its preflight: {why}"
+                self._why_out.setdefault(run.id, {})[node] = f"it failed its preflight: {why}"
             else:
                 kind, text = "preflight", f"node {node} failed its preflight ({why}); attempt"
                 text += f" {attempt} starts with it: too few nodes would be left"

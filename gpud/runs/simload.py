@@ -100,6 +100,7 @@ class SimulatedLoads:
                 found[proc.pid] = (proc, gpu, name)
         return found
 
+
 def _gpu_of(local_rank: int, visible: str | None, gpu_count: int) -> int:
     """The simulated GPU a rank runs on: its entry of CUDA_VISIBLE_DEVICES, as CUDA picks
     device LOCAL_RANK among the visible ones."""

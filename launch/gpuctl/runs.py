@@ -235,9 +235,9 @@ def status_command(ctl: Ctl, run: str) -> None:
                 [
                     str(p.node_rank),
                     p.node.control.removeprefix("tcp://"),
-                    p.state.value if p.state else "?",
+                    "left out" if p.left_out else p.state.value if p.state else "?",
                     gpus_text(p.gpus),
-                    p.error or p.reason or "",
+                    p.left_out or p.error or p.reason or "",
                 ]
                 for p in status.parts
             ],

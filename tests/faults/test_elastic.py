@@ -14,6 +14,7 @@ next automatic restart.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -140,6 +141,8 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
         assert " 2/3x1 " in listed, listed
         shown = gpuctl("--node", nodes[0].address, "status", run_id).stdout
         assert "on 2/3 nodes (0, 1), world 2" in shown, shown
+        # The NODE table lists the node the attempt goes on without, and why (issue 33 §4).
+        assert re.search(r"^2 +\S+ +left out +- +it did not answer \(lost\)", shown, re.M), shown
         events = [e.message for e in s.events if e.kind == "attempt"]
         assert any("on 2/3 node(s) without node(s) 2" in m for m in events), events
         assert any("gradient accumulation 3 (the global batch kept)" in m for m in events), events
@@ -148,6 +151,10 @@ def test_a_frozen_node_is_left_out_and_the_run_goes_on_with_two(daemons: Daemons
         }  # fmt: skip
     # Node 2 woke up: its part of attempt 1 is stopped; it does not rejoin by itself.
     until("node 2's old part stopped", lambda: not procs.tagged(run_id, node_rank=2), 30)
+    # Its own log says why: the run went on without it, not that it ended (issue 33 §4).
+    told = [e.message for e in status(nodes[2], run_id).events if e.kind == "stop"]
+    assert any("stale: run " + run_id + " went on without node 2" in m for m in told), told
+    assert not any(f"run {run_id} ended" in m for m in told), told
     assert status(nodes[0], run_id).run.members == [0, 1]
     resized = gpuctl("--node", nodes[0].address, "resize", run_id, timeout=120)
     assert resized.returncode == 0, resized.stderr
@@ -177,6 +184,10 @@ def test_a_node_that_came_back_rejoins_at_the_next_automatic_restart(daemons: Da
             timeout=90,
         )
     until("node 2's old part stopped", lambda: not procs.tagged(run_id, node_rank=2), 30)
+    # Its own log says why: the run went on without it, not that it ended (issue 33 §4).
+    told = [e.message for e in status(nodes[2], run_id).events if e.kind == "stop"]
+    assert any("stale: run " + run_id + " went on without node 2" in m for m in told), told
+    assert not any(f"run {run_id} ended" in m for m in told), told
     assert status(nodes[0], run_id).run.members == [0, 1]
     ranks = [
         p for p in procs.tagged(run_id, node_rank=1)
