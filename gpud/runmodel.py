@@ -194,7 +194,7 @@ class FailureCause(Reading):
         return value if not isinstance(value, str) or value in known else CauseKind.UNKNOWN
 
     def one_line(self) -> str:
-        """`rank 1 on node B: ValueError: bad shard 17 (user code, step 1 of attempt 1)`."""
+        """`rank 1 on node B: ValueError: bad shard 17 (user code, step 40 of attempt 1)`."""
         node = self.node if self.node is not None else self.node_rank
         if self.rank is not None:
             head = f"rank {self.rank}" + (f" on node {node}" if node is not None else "")
@@ -204,8 +204,9 @@ class FailureCause(Reading):
             head = f"node {node}" if node is not None else ""
         when = [self.kind.label]
         if self.step is not None and self.attempt is not None:
-            # Steps as every view counts them: done, not the 0-based index.
-            when.append(f"step {completed_steps(self.step)} of attempt {self.attempt}")
+            # The step as the script numbers it, the last one gpud saw (issue 33 §4: the
+            # count of steps done read as one step more than the log's last).
+            when.append(f"step {self.step} of attempt {self.attempt}")
         elif self.attempt is not None:
             when.append(f"attempt {self.attempt}")
         return f"{head + ': ' if head else ''}{self.summary} ({', '.join(when)})"

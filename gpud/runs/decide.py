@@ -34,7 +34,6 @@ from gpud.runmodel import (
     RunRecord,
     RunState,
     cause_precedence,
-    completed_steps,
 )
 from gpud.runs import hints
 
@@ -166,7 +165,7 @@ def early_exit(
     max_steps = (run.spec.get("training") or {}).get("max_steps")
     if isinstance(max_steps, int) and step is not None and step + 1 >= max_steps:
         return None
-    at = f" at step {completed_steps(step)}" if step is not None else ""
+    at = f" after step {step}" if step is not None else ""  # the last seen, as numbered
     if best.source == EARLY_EXIT_SOURCE:
         return best.model_copy(
             update={"summary": best.summary.replace(" exited 0", f" exited 0{at}", 1)}

@@ -61,7 +61,7 @@ def test_a_rank_that_exits_0_early_is_the_cause_not_its_peers_connection_error(
     assert cause is not None and cause.kind is CauseKind.USER, cause
     assert cause.rank == 1 and cause.node == "n1", cause
     reason = run.reason or ""
-    found = re.search(r"rank 1 exited 0 at step (\d+) while the others were training", reason)
+    found = re.search(r"rank 1 exited 0 after step (\d+) while the others were training", reason)
     assert found and 95 <= int(found.group(1)) <= 105, run.reason
     assert "(the script ended early on one rank)" in (run.reason or "")
     assert "not restarted: user is not in restart.on" in (run.reason or ""), run.reason
@@ -70,5 +70,5 @@ def test_a_rank_that_exits_0_early_is_the_cause_not_its_peers_connection_error(
     assert ended.parts[1].cause is not None, ended.parts
     assert ended.parts[1].cause.summary.startswith("rank 1 exited 0 while the others")
     shown = gpuctl("--node", node0.address, "status", run_id)
-    assert "rank 1 exited 0 at step" in shown.stdout, shown.stdout
+    assert "rank 1 exited 0 after step" in shown.stdout, shown.stdout
     nothing_left(run_id)

@@ -48,11 +48,11 @@ for step in range(100_000):
     time.sleep(0.02)
 """
 
-#: (the cause's class, the start of its one line, the attempts that ran); steps counted
-#: as every view counts them, done: the script's step 20 is the 21st
+#: (the cause's class, the start of its one line, the attempts that ran); the step as the
+#: script numbers it, the last one gpud saw
 EXPECTED = {
     "raise": (CauseKind.USER, "ValueError: bad batch on rank 1", 1),
-    "exit0": (CauseKind.USER, "rank 1 exited 0 at step 21 while the others were training", 1),
+    "exit0": (CauseKind.USER, "rank 1 exited 0 after step 20 while the others were training", 1),
     "kill": (CauseKind.SIGNAL, "killed by SIGKILL", 2),
 }
 

@@ -43,7 +43,7 @@ def test_a_rank_that_raises_shows_its_exception_and_rank(daemon: RunningDaemon) 
     result = gpuctl(*args, timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr
     run_id = result.stdout.split()[1]
-    line = "rank 1 on node node0: ValueError: bad shard 17 (user code, step 7 of attempt 1)"
+    line = "rank 1 on node node0: ValueError: bad shard 17 (user code, step 6 of attempt 1)"
     assert result.stdout.strip().splitlines()[-1] == f"{run_id} failed: {line}"
     text = gpuctl("--node", daemon.address, "status", run_id).stdout
     assert "state     failed for " in text and line in text

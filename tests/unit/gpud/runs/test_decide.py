@@ -76,7 +76,7 @@ def test_a_node_never_heard_from_counts_from_the_start_of_the_attempt() -> None:
 def test_a_run_with_a_lost_part_ends_failed_with_node_n_lost() -> None:
     views = parts(RunState.RUNNING, RunState.RUNNING, RunState.SUCCEEDED, seen=1.0)
     first = at(31.0, run(), views, step=6)
-    assert first.propagate == "node 1 (n1): lost, no answer for 30s (network, step 7 of attempt 1)"
+    assert first.propagate == "node 1 (n1): lost, no answer for 30s (network, step 6 of attempt 1)"
     assert first.cause is not None and first.cause.kind is CauseKind.NETWORK
     views = parts(RunState.FAILED, RunState.LOST, RunState.SUCCEEDED, seen=1.0)
     decision = at(32.0, run(RunState.STOPPING), views, cause=first.cause, step=6)
@@ -123,7 +123,7 @@ def test_the_earliest_cause_a_part_found_is_the_runs_and_says_where_and_when() -
     views[1] = views[1].model_copy(update={"cause": first})
     decision = at(10.0, run(), views, step=0)
     assert decision.reason == (
-        "rank 5 on node n1: ValueError: bad shard 17 (user code, step 1 of attempt 1);"
+        "rank 5 on node n1: ValueError: bad shard 17 (user code, step 0 of attempt 1);"
         " stopping the other parts"
     )
     assert decision.cause is not None
@@ -291,8 +291,8 @@ def test_a_part_that_exited_0_while_the_others_saw_connection_errors_is_the_caus
     assert decision.state is RunState.FAILED and decision.cause is not None
     assert decision.cause.kind is CauseKind.USER and decision.cause.rank == 1
     assert decision.reason == (
-        "rank 1 on node n1: rank 1 exited 0 at step 100 while the others were training (the"
-        " script ended early on one rank) (user code, step 100 of attempt 1)"
+        "rank 1 on node n1: rank 1 exited 0 after step 99 while the others were training (the"
+        " script ended early on one rank) (user code, step 99 of attempt 1)"
     )
     # Not at the end of training (a teardown error), nor beside a failure of its own kind.
     assert at(5.0, record, views, cause=gloo, step=499).cause == gloo.model_copy(
