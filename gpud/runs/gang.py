@@ -90,6 +90,9 @@ POLL_S = 0.5
 #: whose rank died first can say why: stopped first, its torchrun is cut short before its
 #: summary, and the run's cause would be the echo.
 ECHO_GRACE_S = 1.5
+#: An automatic restart that could not start (its part's files found no room, a node
+#: refused) is tried again this often, while the run stays pending saying why.
+START_RETRY_S = 10.0
 #: How often node 0 looks for the parts of ended runs on nodes that were lost.
 ORPHAN_POLL_S = 2.0
 #: How long node 0 keeps looking for them.
@@ -641,6 +644,16 @@ class Gang:
                 self.book.move(run.id, RunState.FAILED, f"{run.reason}; restart refused: {exc}")
                 return
             log.error("run %s: restart failed: %s", run.id, exc.message)
+            current = self.book.get(run.id)
+            if current is not None and current.state is RunState.PENDING:
+                # It may start later (the disk has room again, a node answers): tried
+                # again every START_RETRY_S, not left pending with nothing due.
+                self.book.move(
+                    run.id,
+                    RunState.PENDING,
+                    f"restart waits: {exc.message} (tried again every {START_RETRY_S:g}s)",
+                    next_restart_at=self.book.clock() + START_RETRY_S,
+                )
 
     async def _never_started(self, run_id: str, why: str) -> None:
         """gpuctl launched the run and never said every node joined (it died, or lost node
@@ -754,6 +767,7 @@ class Gang:
         earlier = self.book.current_part(run)  # the attempt before: did its ranks say hello?
         library = earlier is not None and earlier.record.library
         before = elastic.members_of(run, spec)
+        previous = run  # what the record says if this attempt cannot start after all
         full = len(elastic.primary(run, spec))
         grad_accum = elastic.grad_accum_for(spec, len(members), full)
         run = self.book.update(
@@ -787,7 +801,13 @@ class Gang:
         if grad_accum is not None:
             shape += elastic.batch_note(grad_accum, elastic.reads_grad_accum(spec, library))
         self.book.event(run, "attempt", f"attempt {attempt}: {why}, {point.describe()}{shape}")
-        self.local.start_part(run, spec, attempt, master_addr, port, point)
+        try:
+            self.local.start_part(run, spec, attempt, master_addr, port, point)
+        except ProtocolError as exc:  # e.g. no room on the state dir's disk for its files
+            await self._release(run, attempt)
+            self.book.store.release_ports(run.id)
+            self._undo_attempt(run, previous, attempt, exc.message)
+            raise
         run = self.book.move(
             run.id, RunState.STARTING, f"attempt {attempt}: {why}", next_attempt=True
         )
@@ -810,6 +830,18 @@ class Gang:
             await self.stop_peers(run, force=True, reason=message)
             raise ProtocolError(ErrorCode.UNAVAILABLE, message)
         return self.book.get(run.id) or run
+
+    def _undo_attempt(self, now: RunRecord, previous: RunRecord, attempt: int, why: str) -> None:
+        """An attempt whose part here could not start is not an attempt: the record goes
+        back to the one before (so `ps` and `status` agree on the attempt), and says why."""
+        self.book.update(
+            now.id,
+            attempt=previous.attempt,
+            restarts=previous.restarts,
+            members=previous.members,
+            grad_accum=previous.grad_accum,
+        )
+        self.book.event(now, "attempt", f"attempt {attempt} did not start: {why}", "warning")
 
     def _too_few_to_restart(
         self, run: RunRecord, why: str, silent: set[int] | frozenset[int]

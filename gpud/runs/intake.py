@@ -151,6 +151,9 @@ class Intake:
             if lines:
                 self._take_lines(self.book.get(run.id) or run, part, lines)
             if not moved:
+                if not read and part.touched() and not part.record.state.terminal:
+                    # Output the shim dropped on a full disk: the run is not silent.
+                    self.telemetry.output(self.book.get(run.id) or run, part.record.attempt)
                 return read
             read += min(moved, SLICE_BYTES)  # more: it passed where a bounded log dropped
             await asyncio.sleep(0)

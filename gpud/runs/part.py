@@ -60,6 +60,7 @@ class Part:
         self.dir = Path(record.attempt_dir)
         self._popen: subprocess.Popen[bytes] | None = None
         self._partial = b""
+        self._log_mtime_ns: int | None = None  # the log's mtime when last looked at
         self._stop_at: float | None = None  # when SIGTERM is due
         self._kill_at: float | None = None  # when SIGKILL is due
         self._termed = False
@@ -142,6 +143,17 @@ class Part:
         if self._popen is not None and self._popen.poll() is not None:
             return False  # our own child: reaped, so certainly gone
         return procs.is_alive(self.record.shim_pid, self.record.shim_started)
+
+    def touched(self) -> bool:
+        """Whether the log's mtime moved since the last look: the shim touches it while it
+        drops output on a full disk, so printing that nobody can read is still output."""
+        try:
+            mtime = self.log_path.stat().st_mtime_ns
+        except OSError:
+            return False
+        moved = self._log_mtime_ns is not None and mtime > self._log_mtime_ns
+        self._log_mtime_ns = mtime
+        return moved
 
     def read_lines(self, limit: int = READ_CHUNK) -> list[str]:
         """Complete lines appended to the log since the last call (up to `limit` bytes; a

@@ -53,6 +53,9 @@ RETRY_S = 1.0
 #: Room the log's disk needs before output is written again: the marker line and some
 #: output fit, rather than a line cut in the middle by the next ENOSPC.
 ROOM_BYTES = 256 * 1024
+#: While output is dropped, the log's mtime is touched at most this often: the daemon reads
+#: it as output (a run printing to a full disk is not silent: not a hang).
+TOUCH_S = 1.0
 #: Space held for `exit.json` from the start, so the part's end is recorded on a full disk.
 EXIT_RESERVE = 4096
 #: How long the shim keeps trying to record the end on a disk with no room at all.
@@ -203,6 +206,7 @@ class OutputPump:
         self._full_since: float | None = None
         self._full_errno = errno.ENOSPC
         self._last_try = 0.0
+        self._touched = 0.0
         self._ends_line = True
         self._later: list[Callable[[], bool]] = []
         self._lock = threading.Lock()
@@ -365,6 +369,13 @@ class OutputPump:
         self.dropped_bytes += len(data)
         self._lost_bytes += len(data)
         self._lost_lines += data.count(b"\n")
+        now = time.monotonic()
+        if now - self._touched >= TOUCH_S:
+            self._touched = now
+            try:  # a timestamp needs no free block: it works on the full disk
+                os.utime(self._log_path)
+            except OSError:
+                pass
 
     def _retry(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -7,6 +7,7 @@ and torch answer as they do on a user's full disk. Real daemons, real shims, rea
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -23,6 +24,7 @@ from tests.support.runs import (
     CPU_DDP,
     FAST,
     assert_no_gap,
+    health,
     launch,
     script_spec,
     status,
@@ -91,19 +93,23 @@ def test_a_full_state_dir_stops_no_run_and_the_daemon_catches_up(
 ) -> None:
     """The run goes on printing while the state dir has no room; the daemon answers, logs
     the full disk a few times (not a traceback a tick), and once there is room it records
-    the run's true end, with a line in the log saying how much output was dropped."""
+    the run's true end, with a line in the log saying how much output was dropped. Output
+    the shim drops is not silence: a hang timeout shorter than the full spell calls no hang
+    (issue 33 §9: the run was stopped as hung, "no output and no new step")."""
     daemon = daemons(node="n0", simulate_gpus=1, state_dir=state_disk.path)
     alive = tmp_path / "beats"
     spec = script_spec(tmp_path, PRINTER, name="printer", args=("14", str(alive)))
+    spec.write_text(spec.read_text() + "restart: {hang_timeout_s: 5}\n")
     run_id = launch(daemon, config=spec)
     until("the printer prints", lambda: beats(alive) > 50, timeout=30)
     state_disk.fill()
     full_at = time.monotonic()
     printed = beats(alive)
-    # Full for 4 s: the script goes on, the daemon answers and still calls the run running.
+    # Full for 7 s, past the hang timeout: the script goes on, the daemon answers and still
+    # calls the run running.
     slowest = 0.0
     with daemon.client() as client:
-        while time.monotonic() - full_at < 4.0:
+        while time.monotonic() - full_at < 7.0:
             asked = time.monotonic()
             assert client.node_info().node == "n0"
             slowest = max(slowest, time.monotonic() - asked)
@@ -112,6 +118,7 @@ def test_a_full_state_dir_stops_no_run_and_the_daemon_catches_up(
     assert beats(alive) > printed + 200, "the printer stopped on the full disk"
     s = status(daemon, run_id)
     assert s.run.state is RunState.RUNNING, s.run.reason
+    assert health(daemon, run_id).stall is None, "the full disk's dropped output read as silence"
     refused = gpuctl("--node", daemon.address, "launch", str(spec))
     assert refused.returncode != 0
     assert "is full" in refused.stderr, refused.stderr
@@ -154,6 +161,59 @@ def test_a_full_state_dir_stops_no_run_and_the_daemon_catches_up(
     assert 1 <= len(full_lines(daemon)) <= 3, full_lines(daemon)
     assert "Traceback" not in daemon.log()
     assert "has room again" in daemon.log()
+
+
+#: Runs until a file appears, then kills itself (a `signal` failure: restarted by default).
+DIES_ON_CUE = """
+import os, signal, sys, time
+cue = sys.argv[1]
+print("up", flush=True)
+while not os.path.exists(cue):
+    time.sleep(0.1)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_restart_the_full_disk_refuses_waits_and_starts_once_there_is_room(
+    daemons: Daemons, tmp_path: Path, state_disk: SmallDisk
+) -> None:
+    """Issue 33 §9: a restart whose part could not be started on the full state dir sat
+    `pending … restarting in 10s` for good, after room came back too, with `ps` at attempt
+    2 and `status` listing attempt 1 only. It waits saying why, the record stays at the
+    attempt that ran, and it starts once there is room."""
+    daemon = daemons(node="n0", simulate_gpus=1, state_dir=state_disk.path)
+    cue = tmp_path / "die-now"  # not on the small disk
+    spec = script_spec(tmp_path, DIES_ON_CUE, name="dies", args=(str(cue),))
+    spec.write_text(spec.read_text() + "restart: {max_attempts: 1, backoff_s: 0.5}\n")
+    run_id = launch(daemon, config=spec)
+    until("attempt 1 runs", lambda: status(daemon, run_id).run.state is RunState.RUNNING, 30)
+    state_disk.fill()
+    cue.write_text("")
+    until(
+        "the restart waits for room",
+        lambda: "restart waits: " in (status(daemon, run_id).run.reason or ""),
+        timeout=60,
+    )
+    cue.unlink()  # attempt 2 runs until told
+    s = status(daemon, run_id)
+    assert s.run.state is RunState.PENDING, s.run
+    assert "No space left on device" in (s.run.reason or ""), s.run.reason
+    assert "tried again every 10s" in (s.run.reason or ""), s.run.reason
+    assert s.run.attempt == 1 and [a.attempt for a in s.attempts] == [1], s
+    listed = json.loads(gpuctl("--node", daemon.address, "--json", "ps").stdout)["runs"]
+    assert [r["attempt"] for r in listed if r["id"] == run_id] == [1], listed
+    assert any("attempt 2 did not start: " in e.message for e in s.events), s.events
+    state_disk.make_room()
+    until(
+        "attempt 2 runs once there is room",
+        lambda: (r := status(daemon, run_id).run).attempt == 2 and r.state is RunState.RUNNING,
+        timeout=60,
+    )
+    s = status(daemon, run_id)
+    assert [a.attempt for a in s.attempts] == [1, 2] and s.run.restarts == 1, s
+    cue.write_text("")  # attempt 2 fails too: no restart is left
+    ended = wait_for(daemon, run_id, {"failed"}, timeout=60)
+    assert ended.run.attempt == 2 and len(ended.attempts) == 2, ended
 
 
 def test_a_shim_that_dies_on_a_full_state_dir_names_the_disk(
