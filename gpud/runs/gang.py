@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -155,6 +156,10 @@ class LocalParts(Protocol):
 
     def holds_real_gpus(self, run: RunRecord, attempt: int) -> bool:
         """Whether the attempt reserved real GPUs here (not simulated ones)."""
+        ...
+
+    def state_full(self) -> str | None:
+        """Why the state dir cannot take more, or None: it has room."""
         ...
 
 
@@ -738,8 +743,11 @@ class Gang:
             if not queue:
                 self.book.update(run.id, resume_next=None)  # refused: --from is not kept
                 raise ProtocolError(ErrorCode.UNAVAILABLE, refusal)
-            waiting = f"waiting for GPUs: {refusal}"
+            room = self.local.state_full() is not None  # not the GPUs: the state dir's disk
+            waiting = f"waiting for {'room' if room else 'GPUs'}: {refusal}"
             if queued:
+                if _same_words(current.reason, waiting):  # asked again each tick: no news
+                    return current
                 return self.book.move(run.id, RunState.QUEUED, waiting)
             self.book.event(run, "queue", f"queued: {refusal}")
             return self.book.move(
@@ -1128,3 +1136,8 @@ def _orphan_reason(run: RunRecord, attempt: int, rank: int) -> str:
         f"this part of attempt {attempt} is stale: run {run.id} went on without node {rank}"
         f" (attempt {run.attempt}, on its other nodes)"
     )
+
+
+def _same_words(old: str | None, new: str) -> bool:
+    """The same reason but for its numbers (a full store's count of writes waiting)."""
+    return old is not None and re.sub(r"\d+", "#", old) == re.sub(r"\d+", "#", new)

@@ -118,16 +118,17 @@ class Part:
         at most `log_max_bytes` (None: no bound)."""
         spec_path = shim.write_spec(self.dir, files, argv, env, cwd, self.log_path, log_max_bytes)
         self.oom_kills_at_start = causes.oom_kills()
-        self._popen = _SHIMS.add_new(subprocess.Popen(
-            # The shim is stdlib-only: run its file without site-packages (-S), which takes
-            # ~40 ms off every launch.
-            [sys.executable, "-S", str(SHIM), str(spec_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.dir / "shim.log", "ab"),  # noqa: SIM115 - the child keeps it
-            start_new_session=True,
-            close_fds=True,
-        ))  # fmt: skip
+        with open(self.dir / "shim.log", "ab") as shim_log:  # the child keeps its own copy
+            self._popen = _SHIMS.add_new(subprocess.Popen(
+                # The shim is stdlib-only: run its file without site-packages (-S), which
+                # takes ~40 ms off every launch.
+                [sys.executable, "-S", str(SHIM), str(spec_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=shim_log,
+                start_new_session=True,
+                close_fds=True,
+            ))  # fmt: skip
         now = self._clock()
         self.update(
             state=RunState.STARTING,
