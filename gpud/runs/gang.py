@@ -1138,6 +1138,12 @@ def _orphan_reason(run: RunRecord, attempt: int, rank: int) -> str:
     )
 
 
+#: The part of a full store's refusal that changes each time it is asked.
+_WAITING_WRITES = re.compile(r"\d+ write\(s\) wait in memory")
+
+
 def _same_words(old: str | None, new: str) -> bool:
-    """The same reason but for its numbers (a full store's count of writes waiting)."""
-    return old is not None and re.sub(r"\d+", "#", old) == re.sub(r"\d+", "#", new)
+    """The same reason but for a full store's count of the writes waiting."""
+    if old is None:
+        return False
+    return _WAITING_WRITES.sub("#", old) == _WAITING_WRITES.sub("#", new)
