@@ -19,6 +19,7 @@ window): sampler, snapshot, brief, supervision, store, housekeeping, and the res
 
     .venv/bin/python bench/daemon_overhead.py [--duration 60] [--requests 30000]
     .venv/bin/python bench/daemon_overhead.py --webhooks-only [--duration 60] [--rounds 1]
+    .venv/bin/python bench/daemon_overhead.py --idle-only [--duration 60] [--runs 3]
 """
 
 from __future__ import annotations
@@ -382,6 +383,7 @@ def main() -> None:
         "--webhooks-only", action="store_true", help="only the webhook scenario (issue 23 §4)"
     )
     parser.add_argument("--rounds", type=int, default=1, help="webhook scenario: rounds")
+    parser.add_argument("--runs", type=int, default=3, help="--idle-only: windows (median)")
     parser.add_argument(
         "--idle-only", action="store_true", help="only the idle cost, split by component"
     )
@@ -400,17 +402,30 @@ def main() -> None:
             webhooks_side_by_side(Path(tmp), args.gpus, args.duration, args.rounds)
             return
         if args.idle_only:
+            # Issue 33 §7: the median of `--runs` windows, each on a fresh daemon, each
+            # printed with the machine's load beside it (a busy machine inflates them all).
             gpus = None if args.real else args.gpus
-            idle = start_daemon(Path(tmp), node="idle", simulate_gpus=gpus, interval=1.0)
-            try:
-                cpu, rss, _ = idle_cost(idle, args.duration)
-            finally:
-                idle.stop()
             what = "this box's GPUs (NVML)" if args.real else f"{args.gpus} simulated GPUs"
+            runs: list[tuple[float, float, dict[str, float]]] = []
+            for i in range(args.runs):
+                idle = start_daemon(Path(tmp), node=f"idle{i}", simulate_gpus=gpus, interval=1.0)
+                try:
+                    cpu, rss, _ = idle_cost(idle, args.duration)
+                finally:
+                    idle.stop()
+                load = os.getloadavg()[0]
+                print(
+                    f"run {i + 1}: {cpu * 100:.3f} % of a core, {rss:.1f} MB"
+                    f" (load average {load:.2f} over the last minute)"
+                )
+                runs.append((cpu, rss, dict(LAST_COMPONENTS)))
+            cpu, rss, parts = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
             print(
-                f"idle daemon, {what}, 1 s interval, 1 subscriber,"
-                f" {args.duration:.0f} s: {cpu * 100:.3f} % of a core, {rss:.1f} MB; of which:"
+                f"idle daemon, {what}, 1 s interval, 1 subscriber, {args.duration:.0f} s,"
+                f" median of {len(runs)}: {cpu * 100:.3f} % of a core, {rss:.1f} MB; of which:"
             )
+            LAST_COMPONENTS.clear()
+            LAST_COMPONENTS.update(parts)
             print_components()
             return
         secure = start_daemon(Path(tmp), node="secure", simulate_gpus=args.gpus, interval=1.0)
