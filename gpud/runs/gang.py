@@ -199,6 +199,8 @@ class Reservation:
     #: this node's GPUs are busy): an automatic restart waits for them only if the spec
     #: says `queue: true`.
     too_few: bool = False
+    #: Nodes an elastic attempt goes on without, and why (silent, or refused).
+    left_out: dict[int, str] = field(default_factory=dict)
 
 
 class Gang:
@@ -219,9 +221,8 @@ class Gang:
         self._stops = PeerStops()  # what node 0 asked of the other nodes, until it is done
         self._watch = CoordinatorWatch()  # this node asking node 0 about the runs it is in
         # Why each node the current attempt goes on without was left out (elastic runs),
-        # for status's NODE table; `_why_out` gathers the reasons while an attempt is chosen.
+        # for status's NODE table.
         self._left_out: dict[str, dict[int, str]] = {}
-        self._why_out: dict[str, dict[int, str]] = {}
 
     def close(self) -> None:
         for link in self._links.values():
@@ -285,7 +286,6 @@ class Gang:
         self.views.pop(run_id, None)
         self._queue_tried.pop(run_id, None)
         self._left_out.pop(run_id, None)
-        self._why_out.pop(run_id, None)
 
     # ------------------------------------------------------------------ views
 
@@ -311,10 +311,9 @@ class Gang:
         view = self.views.get(run.id)
         if view is None or not run.is_coordinator:
             return [mine]
-        out = [
+        out = [  # never in `view.parts`: those are the attempt's members
             PartView(node_rank=r, node=run.nodes[r], left_out=why)
             for r, why in sorted(self._left_out.get(run.id, {}).items())
-            if r not in view.parts and r < len(run.nodes)
         ]
         return [mine, *view.parts.values(), *out]
 
@@ -764,8 +763,12 @@ class Gang:
         master_addr = own.record.master_addr if own else master_host(spec, run.nodes)
         # One node: no all-reduce to measure, but a real GPU still gets its matmul and
         # memory test before the attempt takes it.
+        why_out = dict(got.left_out)
         if spec.preflight and (len(members) > 1 or self.local.holds_real_gpus(run, attempt)):
-            members, words = await self._preflight(run, spec, attempt, members, words, master_addr)
+            members, words, failing = await self._preflight(
+                run, spec, attempt, members, words, master_addr
+            )
+            why_out.update(failing)
         try:
             port = pick_port(self.book.store.leased_ports())
         except NoFreePort as exc:
@@ -790,10 +793,9 @@ class Gang:
             grad_accum=grad_accum,
         )
         self.views[run.id] = GangView(run.nodes, self.book.clock(), members)
-        noted = self._why_out.pop(run.id, {})
         self._left_out[run.id] = (
             {
-                r: noted.get(r) or ("a spare, not needed" if r >= full else "not chosen")
+                r: why_out.get(r) or ("a spare, not needed" if r >= full else "not chosen")
                 for r in range(len(run.nodes))
                 if r not in members
             }
@@ -918,15 +920,14 @@ class Gang:
                 )
             return Reservation([], "", refusal=why, too_few=spec.elastic is not None)
         await self._give_back(run, attempt, [r for r in granted if r not in members])
-        noted = self._why_out.setdefault(run.id, {})
-        noted.update({rank: "it did not answer (lost)" for rank in left_out})
+        out = {rank: "it did not answer (lost)" for rank in left_out}
         for rank, reply in sorted(refused.items()):  # an elastic attempt goes on without it
             why = reply.message if isinstance(reply, RequestFailed) else str(reply)
-            noted[rank] = why
+            out[rank] = why
             self.book.event(
                 run, "attempt", f"node {rank} left out of attempt {attempt}: {why}", "warning"
             )
-        return Reservation(members, words)
+        return Reservation(members, words, left_out=out)
 
     async def _preflight(
         self,
@@ -936,14 +937,14 @@ class Gang:
         members: list[int],
         words: str,
         master_addr: str,
-    ) -> tuple[list[int], str]:
+    ) -> tuple[list[int], str, dict[int, str]]:
         """The attempt's collective check on its nodes (`trainers.preflight`): a node far
         below its peers, or with a GPU that failed its check, is left out of an elastic
         attempt if enough are left; otherwise it is named and the attempt starts as it is."""
         try:
             master = f"{master_addr}:{pick_port(self.book.store.leased_ports())}"
         except NoFreePort:
-            return members, words
+            return members, words, {}
 
         def ask(rank: int) -> PartPreflightRequest:
             return PartPreflightRequest(
@@ -990,7 +991,7 @@ class Gang:
         if pairs:
             run = self.book.update(run.id, bandwidth=preflight.with_figures(run.bandwidth, pairs))
         if not failing:
-            return members, words
+            return members, words, {}
         chosen, chosen_words = None, words
         if spec.elastic is not None and 0 not in failing:
             kept = {m for m in members if m not in failing}
@@ -1008,15 +1009,18 @@ class Gang:
             if chosen is not None:
                 kind, text = "attempt", f"node {node} left out of attempt {attempt}: it failed"
                 text += f" its preflight: {why}"
-                self._why_out.setdefault(run.id, {})[node] = f"it failed its preflight: {why}"
             else:
                 kind, text = "preflight", f"node {node} failed its preflight ({why}); attempt"
                 text += f" {attempt} starts with it: too few nodes would be left"
             self.book.event(run, kind, text, "warning")
         if chosen is None:
-            return members, words
+            return members, words, {}
         await self._give_back(run, attempt, [m for m in members if m not in chosen])
-        return chosen, chosen_words
+        return (
+            chosen,
+            chosen_words,
+            {n: f"it failed its preflight: {why}" for n, why in failing.items()},
+        )
 
     async def _give_back(
         self, run: RunRecord, attempt: int, ranks: list[int], local: bool = False
