@@ -112,9 +112,10 @@ def idle_cost(daemon: RunningDaemon, duration: float) -> tuple[float, float, int
     return cpu / wall, rss, seen
 
 
-def print_components(indent: str = "    ") -> None:
-    """The last window's CPU by component, largest first, as % of a core."""
-    for name, share in sorted(LAST_COMPONENTS.items(), key=lambda kv: -kv[1]):
+def print_components(indent: str = "    ", parts: dict[str, float] | None = None) -> None:
+    """A window's CPU by component (the last one's by default), largest first, as % of a
+    core."""
+    for name, share in sorted((parts or LAST_COMPONENTS).items(), key=lambda kv: -kv[1]):
         print(f"{indent}{name:<14}{share * 100:7.3f} % of a core")
 
 
@@ -424,9 +425,7 @@ def main() -> None:
                 f"idle daemon, {what}, 1 s interval, 1 subscriber, {args.duration:.0f} s,"
                 f" median of {len(runs)}: {cpu * 100:.3f} % of a core, {rss:.1f} MB; of which:"
             )
-            LAST_COMPONENTS.clear()
-            LAST_COMPONENTS.update(parts)
-            print_components()
+            print_components(parts=parts)
             return
         secure = start_daemon(Path(tmp), node="secure", simulate_gpus=args.gpus, interval=1.0)
         insecure = start_daemon(
