@@ -62,7 +62,7 @@ from gpud.keys import (
 )
 from gpud.known_nodes import KnownNode, remember_node
 from gpud.kube.pods import KubePods, on_kubernetes
-from gpud.ledger import CpuLedger
+from gpud.ledger import CpuLedger, until_beat
 from gpud.notify.service import Notifier
 from gpud.prometheus import endpoint as metrics_endpoint
 from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
@@ -582,13 +582,10 @@ class Daemon:
         interval = self.settings.interval
         topic = hw_topic(self.settings.node_name)
         brief_topic = sum_topic(self.settings.node_name)
-        next_at = loop.time()
         while True:
-            next_at += interval
-            delay = next_at - loop.time()
-            if delay < 0:  # sampling fell behind: skip ticks instead of bursting
-                next_at = loop.time()
-            await asyncio.sleep(max(0.0, delay))
+            # On the beat (`gpud.ledger`); a sample that took longer than the interval
+            # skips the beats it missed instead of bursting.
+            await until_beat(interval)
             try:
                 sample = self._ledger.charged("sampler", self._sampler.sample)
                 snapshot = await loop.run_in_executor(self._executor, sample)
@@ -602,10 +599,13 @@ class Daemon:
                 if self._state_full is not None:
                     snapshot = snapshot.model_copy(update={"state_dir_full": self._state_full})
                 self._latest = snapshot
-                self._publisher.publish(topic, snapshot)
+                frames = [self._publisher.encode(topic, snapshot)]
             with self._ledger.charge("brief"):
-                self._publish_brief(brief_topic, snapshot)
+                frames += self._brief(brief_topic, snapshot)
             with self._ledger.charge("snapshot"):
+                # Both events in one go: the events thread wakes once for them.
+                for event in frames:
+                    self._publisher.send(event)
                 self._emit_node_events(events + quarantined)
 
     def _replace_latest(self, snapshot: NodeSnapshot) -> None:
@@ -624,15 +624,17 @@ class Daemon:
         if self._notify is not None:
             self._notify.node_events(events)
 
-    def _publish_brief(self, topic: str, snapshot: NodeSnapshot) -> None:
-        """The node in brief (`gpud.brief`), for views of many nodes."""
+    def _brief(self, topic: str, snapshot: NodeSnapshot) -> list[list[bytes]]:
+        """The node in brief (`gpud.brief`), for views of many nodes, encoded; none if it
+        failed."""
         assert self._publisher is not None
         sup = self._supervisor
         try:
             runs = sup.queries.on_this_node(snapshot.time) if sup is not None else []
-            self._publisher.publish(topic, node_brief(snapshot, runs))
+            return [self._publisher.encode(topic, node_brief(snapshot, runs))]
         except Exception:  # a view of the node must never stop its sampling
             log.exception("the node brief failed")
+            return []
 
     async def run(self) -> None:
         """Serve until SIGTERM/SIGINT (or `request_stop()`)."""
@@ -678,7 +680,7 @@ class Daemon:
         state dir's room; the heap long held kept out of the collector's walks (`gc`)."""
         heap = HeapKeeper(time.monotonic())
         while True:
-            await asyncio.sleep(1.0)
+            await until_beat(1.0)  # the sampler's beat at the default interval: one wake-up
             with self._ledger.charge("housekeeping"):
                 flush_all()
                 if self._audit is not None:

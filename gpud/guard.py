@@ -46,6 +46,7 @@ import zmq
 
 from gpud.bursts import ThrottledLog
 from gpud.keygate import KeyGate
+from gpud.ledger import next_beat
 
 log = logging.getLogger("gpud.guard")
 
@@ -323,8 +324,13 @@ class ConnectionGuard:
         """The socket monitor's end: readable when a connection comes or goes."""
         return self._monitor
 
-    def next_check_s(self) -> float:
-        return CHECK_S if self.busy else IDLE_CHECK_S
+    def next_check_at(self, now: float) -> float:
+        """When the next check is due (monotonic): CHECK_S from now while busy; idle, on
+        IDLE_CHECK_S's beat (`gpud.ledger`), so an idle daemon's checks share the wake-ups
+        of its other periodic parts."""
+        if self.busy:
+            return now + CHECK_S
+        return next_beat(now, IDLE_CHECK_S)
 
     async def watch(self) -> None:
         """Check on the loop: at once when the monitor has news, else at the cadence."""
@@ -342,7 +348,7 @@ class ConnectionGuard:
                     continue  # the FD is edge-triggered: what came meanwhile is read now
                 # Not asyncio.wait_for: before Python 3.12 it can swallow the task's cancel
                 # when the wait ends in the same moment, and the daemon never stops.
-                timer = loop.call_later(self.next_check_s(), news.set)
+                timer = loop.call_at(self.next_check_at(loop.time()), news.set)
                 try:
                     await news.wait()
                 finally:

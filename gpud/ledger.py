@@ -20,7 +20,14 @@ spent waiting, or by other threads, is never counted) to its component:
   heap grown with a thousand runs held shows here, not as a slower component.
 
 What no component claims (zmq's I/O threads, the event loop itself, control requests)
-is the rest: the process's CPU less the sum. The totals are in
+is the rest: the process's CPU less the sum.
+
+An idle daemon's cost is mostly its wake-ups, not its work: each costs a thread switch
+and a cold pass through the interpreter. Its periodic parts therefore wake on one beat
+(`next_beat`, `until_beat`): every timer of a period lands on the same multiple of that
+period on the loop's clock, so the sampler, the housekeeping, the supervisor's idle tick
+and the control guard's idle check share one wake-up of the loop a second instead of one
+each (idle: 5.0 → 2.8 wake-ups of the loop a second, 0.26 → 0.17 % of a core). The totals are in
 `node.info` (`cpu_by_component`) and on /metrics (`gpud_daemon_component_cpu_seconds`).
 A charge costs two `thread_time` calls, about 1 µs. Charges nest: a block's own CPU is
 what it spent less what the charges inside it spent, so the components add up.
@@ -28,7 +35,9 @@ what it spent less what the charges inside it spent, so the components add up.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -108,3 +117,26 @@ class CpuLedger:
             totals = {name: round(seconds, 6) for name, seconds in self._seconds.items()}
         totals["gc"] = round(self._gc_seconds, 6)
         return totals
+
+
+def next_beat(now: float, period: float) -> float:
+    """The first multiple of `period` after `now` (seconds on one monotonic clock): the
+    moment every periodic part with this period wakes, together."""
+    return (math.floor(now / period) + 1) * period
+
+
+async def until_beat(period: float) -> None:
+    """Sleep to the next beat of `period` on the running loop's clock. Timers set for the
+    same moment run in one turn of the loop, so the parts on one beat cost one wake-up."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    timer = loop.call_at(next_beat(loop.time(), period), _wake, waiter)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -15,6 +15,25 @@ from gpud.hardware.rates import RateTracker
 from gpud.snapshot import HostSample
 
 IB_SYSFS = Path("/sys/class/infiniband")
+MEMINFO = Path("/proc/meminfo")
+#: What the sample needs of /proc/meminfo, in bytes (the file says kB).
+MEMINFO_FIELDS = (b"MemTotal:", b"MemAvailable:", b"SwapTotal:", b"SwapFree:")
+
+
+def read_meminfo(path: Path = MEMINFO) -> dict[bytes, int] | None:
+    """Memory and swap in one read of /proc/meminfo (psutil reads it, and all of
+    /proc/vmstat, for the two); None where a field is missing (not Linux, a kernel before
+    3.14 without MemAvailable)."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError:
+        return None
+    found: dict[bytes, int] = {}
+    for line in lines:
+        name, _, rest = line.partition(b" ")
+        if name in MEMINFO_FIELDS:
+            found[name] = int(rest.split()[0]) * 1024
+    return found if len(found) == len(MEMINFO_FIELDS) else None
 
 
 class HostSampler:
@@ -43,10 +62,19 @@ class HostSampler:
             load: tuple[float, ...] | tuple[None, ...] = os.getloadavg()
         except OSError:
             load = (None, None, None)
-        mem = psutil.virtual_memory()
-        swap = psutil.swap_memory()
-        disk = psutil.disk_io_counters()
-        nics = psutil.net_io_counters(pernic=True)
+        meminfo = read_meminfo()
+        if meminfo is not None:
+            mem_total, mem_available = meminfo[b"MemTotal:"], meminfo[b"MemAvailable:"]
+            swap_total = meminfo[b"SwapTotal:"]
+            swap_used = swap_total - meminfo[b"SwapFree:"]
+        else:
+            mem, swap = psutil.virtual_memory(), psutil.swap_memory()
+            mem_total, mem_available = mem.total, mem.available
+            swap_total, swap_used = swap.total, swap.used
+        # nowrap=False: a counter that wrapped has no rate this once (RateTracker), which
+        # spares psutil's bookkeeping of every counter at every sample.
+        disk = psutil.disk_io_counters(nowrap=False)
+        nics = psutil.net_io_counters(pernic=True, nowrap=False)
         rx = sum(c.bytes_recv for name, c in nics.items() if name != "lo")
         tx = sum(c.bytes_sent for name, c in nics.items() if name != "lo")
         return HostSample(
@@ -58,11 +86,11 @@ class HostSampler:
             load_1m=load[0],
             load_5m=load[1],
             load_15m=load[2],
-            memory_total_bytes=mem.total,
-            memory_used_bytes=mem.total - mem.available,
-            memory_available_bytes=mem.available,
-            swap_total_bytes=swap.total,
-            swap_used_bytes=swap.used,
+            memory_total_bytes=mem_total,
+            memory_used_bytes=mem_total - mem_available,
+            memory_available_bytes=mem_available,
+            swap_total_bytes=swap_total,
+            swap_used_bytes=swap_used,
             disk_read_bytes_per_s=self._rates.rate(
                 "disk_read", disk.read_bytes if disk else None, now
             ),

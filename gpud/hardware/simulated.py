@@ -95,6 +95,9 @@ class SimulatedSampler:
         # and grow by each sample's power over the time since the last one.
         self._energy_mj = [0.0] * count
         self._energy_at: float | None = None
+        # Each GPU's links at the last rate: samples are frozen, so a GPU whose rate did not
+        # move (every idle one) reuses them instead of building 18 models a sample.
+        self._links: dict[int, tuple[float, list[NvLinkSample]]] = {}
 
     def system_info(self) -> GpuSystemInfo:
         return GpuSystemInfo(
@@ -135,6 +138,27 @@ class SimulatedSampler:
         self._energy_at = now
         return [self._sample_one(i, now, loads.get(i, ()), elapsed) for i in range(self._count)]
 
+    def _nvlinks(self, i: int, rate: float) -> list[NvLinkSample]:
+        cached = self._links.get(i)
+        if cached is not None and cached[0] == rate:
+            return cached[1]
+        m = self._model
+        links = [
+            NvLinkSample(
+                link=link,
+                active=True,
+                version=m.nvlink_version,
+                tx_bytes_per_s=rate,
+                rx_bytes_per_s=rate,
+                crc_errors=0,
+                replay_errors=0,
+                recovery_errors=0,
+            )
+            for link in range(m.nvlinks)
+        ]
+        self._links[i] = (rate, links)
+        return links
+
     def _sample_one(
         self, i: int, t: float, procs: Sequence[SimulatedLoad], elapsed_s: float
     ) -> GpuSample:
@@ -152,7 +176,7 @@ class SimulatedSampler:
         self._energy_mj[i] += power * elapsed_s * 1000
         sm_clock = int(345 + load * (m.clock_sm_max_mhz - 345))
         pcie_rate = 2.0e8 * load + 1.0e6 * _wave(t, 7.0, phase)
-        nvlink_rate = 2.5e9 * load
+        nvlink_rate = 2.5e9 * load if procs else 0.0  # no process, no peer traffic
         return GpuSample(
             index=i,
             simulated=True,
@@ -202,19 +226,7 @@ class SimulatedSampler:
             pcie_replay_count=0,
             pcie_tx_bytes_per_s=round(pcie_rate, 1),
             pcie_rx_bytes_per_s=round(pcie_rate * 1.1, 1),
-            nvlinks=[
-                NvLinkSample(
-                    link=link,
-                    active=True,
-                    version=m.nvlink_version,
-                    tx_bytes_per_s=nvlink_rate,
-                    rx_bytes_per_s=nvlink_rate,
-                    crc_errors=0,
-                    replay_errors=0,
-                    recovery_errors=0,
-                )
-                for link in range(m.nvlinks)
-            ],
+            nvlinks=self._nvlinks(i, nvlink_rate),
             xid=self.xids.summary(i),
             processes=[
                 GpuProcess(pid=p.pid, name=p.name, used_memory_bytes=p.used_memory_bytes)

@@ -26,7 +26,7 @@ from gpud.auth import Caller, PeerKeys
 from gpud.heal import collective
 from gpud.ingest import Ingest
 from gpud.keys import KeyPair
-from gpud.ledger import CpuLedger
+from gpud.ledger import CpuLedger, next_beat
 from gpud.protocol import (
     ErrorCode,
     GangStatus,
@@ -926,13 +926,15 @@ class Supervisor:
             await self._until_next_tick()
 
     async def _until_next_tick(self) -> None:
-        """TICK_S; with nothing to look at, IDLE_TICK_S or until there is."""
+        """TICK_S; with nothing to look at, the next beat of IDLE_TICK_S (`gpud.ledger`:
+        with the daemon's other idle parts, one wake-up) or until there is."""
         if self.book.ticked() or self.book.busy_parts() or self.gang.has_orphans:
             await asyncio.sleep(TICK_S)
             return
         self._work.clear()
         # Not asyncio.wait_for: before Python 3.12 it can swallow the task's cancel.
-        timer = asyncio.get_running_loop().call_later(IDLE_TICK_S, self._work.set)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(next_beat(loop.time(), IDLE_TICK_S), self._work.set)
         try:
             await self._work.wait()
         finally:

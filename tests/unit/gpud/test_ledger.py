@@ -3,11 +3,14 @@ that, is charged to it."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
 
-from gpud.ledger import COMPONENTS, CpuLedger
+import pytest
+
+from gpud.ledger import COMPONENTS, CpuLedger, next_beat, until_beat
 
 
 def spin(seconds: float) -> None:
@@ -91,3 +94,31 @@ def test_a_charge_inside_another_is_counted_once_where_it_is_most_specific() -> 
     assert 0.045 <= totals["goodput"] < 0.08, totals  # less the store's
     assert 0.018 <= totals["store"] < 0.04, totals
     assert 0.09 <= sum(totals.values()) < 0.15, totals  # the 0.11 s spent, once
+
+
+def test_the_next_beat_is_the_next_multiple_of_the_period() -> None:
+    assert next_beat(10.2, 1.0) == 11.0
+    assert next_beat(11.0, 1.0) == 12.0  # on a beat: the next one, never now
+    assert next_beat(10.2, 0.5) == 10.5
+    assert next_beat(0.0, 0.25) == 0.25
+
+
+@pytest.mark.asyncio
+async def test_parts_that_sleep_at_different_moments_wake_together_on_the_beat() -> None:
+    """What keeps an idle daemon cheap: three periodic parts that start to wait 30 and 70 ms
+    apart wake in one turn of the loop, on a multiple of the period (each alone would wake
+    0.2 s after its own start, 70 ms apart)."""
+    loop = asyncio.get_running_loop()
+    woke: list[float] = []
+
+    async def part(delay: float) -> None:
+        await asyncio.sleep(delay)
+        await until_beat(0.2)
+        woke.append(loop.time())
+
+    await until_beat(0.2)  # start just after a beat, so all three wait for the next one
+    await asyncio.gather(part(0.0), part(0.03), part(0.07))
+    assert len(woke) == 3
+    assert max(woke) - min(woke) < 0.02, woke  # together: one wake-up
+    beat = round(min(woke) / 0.2) * 0.2
+    assert 0 <= min(woke) - beat < 0.1, woke  # on a beat

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpud.hardware.host import HostSampler
+import psutil
+
+from gpud.hardware.host import HostSampler, read_meminfo
 from gpud.hardware.infiniband import InfinibandReader
 
 
@@ -29,6 +31,27 @@ def test_host_sample_reads_this_machine(tmp_path: Path) -> None:
     second = sampler.sample()
     assert second.net_rx_bytes_per_s is not None and second.net_rx_bytes_per_s >= 0
     assert second.load_1m is not None
+
+
+def test_memory_and_swap_come_from_one_read_of_meminfo_and_agree_with_psutil() -> None:
+    mine = read_meminfo()
+    assert mine is not None  # Linux
+    mem, swap = psutil.virtual_memory(), psutil.swap_memory()
+    assert mine[b"MemTotal:"] == mem.total and mine[b"SwapTotal:"] == swap.total
+    assert abs(mine[b"MemAvailable:"] - mem.available) < 256 * 2**20  # read apart in time
+    assert abs((mine[b"SwapTotal:"] - mine[b"SwapFree:"]) - swap.used) < 256 * 2**20
+
+
+def test_a_meminfo_without_memavailable_is_none_so_psutil_answers(tmp_path: Path) -> None:
+    old = tmp_path / "meminfo"  # a kernel before 3.14
+    old.write_text("MemTotal:  1000 kB\nMemFree:  500 kB\nSwapTotal:  0 kB\nSwapFree:  0 kB\n")
+    assert read_meminfo(old) is None
+    assert read_meminfo(tmp_path / "missing") is None
+    new = tmp_path / "new"
+    new.write_text(old.read_text() + "MemAvailable:     700 kB\n")
+    assert read_meminfo(new) == {
+        b"MemTotal:": 1_024_000, b"MemAvailable:": 716_800, b"SwapTotal:": 0, b"SwapFree:": 0
+    }  # fmt: skip
 
 
 def _port(root: Path, dev: str, port: int, rx_words: int, tx_words: int, **errors: int) -> None:

@@ -44,6 +44,26 @@ def test_attached_processes_make_a_gpu_busy() -> None:
     assert busy.power_w > idle.power_w  # type: ignore[operator]
     assert busy.processes and busy.processes[0].pid == 42
     assert idle.processes == []
+    assert busy.nvlinks and all((link.tx_bytes_per_s or 0) > 0 for link in busy.nvlinks)
+    assert idle.nvlinks and all(link.tx_bytes_per_s == 0 for link in idle.nvlinks)
+
+
+def test_an_idle_gpus_links_are_built_once_and_a_busy_ones_follow_its_load() -> None:
+    """An idle daemon samples 8 GPUs x 18 links a second: the idle ones' links (frozen
+    models, traffic 0) are the same objects from sample to sample."""
+    now = [5.0]
+    loads = {1: [SimulatedLoad(pid=42, name="python", used_memory_bytes=MIB, busy_pct=90)]}
+    sampler = SimulatedSampler(2, "n", clock=lambda: now[0], loads=lambda: loads)
+    first = sampler.sample()
+    now[0] = 7.5
+    second = sampler.sample()
+    assert first[0].nvlinks and second[0].nvlinks and first[1].nvlinks and second[1].nvlinks
+    # Idle: the same links; busy: new ones, their rate moved with the load.
+    assert all(a is b for a, b in zip(second[0].nvlinks, first[0].nvlinks, strict=True))
+    assert second[1].nvlinks[0].tx_bytes_per_s != first[1].nvlinks[0].tx_bytes_per_s
+    loads.clear()
+    now[0] = 9.0
+    assert all(link.tx_bytes_per_s == 0 for link in sampler.sample()[1].nvlinks or [])
 
 
 def test_xids_are_counted_and_acknowledged() -> None:
