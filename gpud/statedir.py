@@ -33,6 +33,8 @@ class StateDir:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().resolve()
         self._lock_fd: int | None = None
+        #: Sockets made in a private dir under /tmp (`ipc_endpoint`), removed at `release`.
+        self._outside: list[Path] = []
 
     @property
     def pid_file(self) -> Path:
@@ -60,6 +62,7 @@ class StateDir:
         if len(str(path)) > 100:
             digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:16]
             path = Path(tempfile.gettempdir()) / f"gpud-{os.getuid()}-{digest}" / name
+            self._outside.append(path)
         ensure_private_dir(path.parent)
         return f"ipc://{path}"
 
@@ -76,11 +79,22 @@ class StateDir:
         self._lock_fd = fd
 
     def release(self) -> None:
-        if self._lock_fd is not None:
-            os.ftruncate(self._lock_fd, 0)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Let go of the state dir; the sockets made outside it (and their dir, once
+        empty) go with it, so /tmp does not keep one dir per daemon that ever ran. Only
+        the holder of the lock releases: no other daemon uses these paths meanwhile."""
+        if self._lock_fd is None:
+            return
+        for path in self._outside:
+            try:
+                path.unlink(missing_ok=True)
+                path.parent.rmdir()
+            except OSError:
+                pass  # not empty yet (the other socket), or gone
+        self._outside = []
+        os.ftruncate(self._lock_fd, 0)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+        self._lock_fd = None
 
 
 def read_pid(pid_file: Path) -> int | None:

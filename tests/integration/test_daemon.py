@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,10 +62,15 @@ def test_ack_is_audited(daemon: RunningDaemon) -> None:
 def test_signal_stops_cleanly_and_frees_everything(
     daemons: Callable[..., RunningDaemon], tmp_path: Path, sig: int
 ) -> None:
-    first = daemons()
+    # A state dir this deep puts the trainer sockets in a private dir under /tmp.
+    first = daemons(state_dir=tmp_path / ("deep-" * 20) / "state")
+    digest = hashlib.sha256(str(first.state_dir.resolve()).encode()).hexdigest()[:16]
+    sockets = Path(tempfile.gettempdir()) / f"gpud-{os.getuid()}-{digest}"
+    assert sockets.is_dir()
     assert first.stop(sig) == 0
     assert "stopped" in first.log()
     assert held_by(first.state_dir / "gpud.pid") is None
+    assert not sockets.exists()  # /tmp keeps nothing of a daemon that stopped
     # Same ports, same state dir: all were released.
     control_port = int(first.address.rsplit(":", 1)[1])
     events_port = int(first.events.rsplit(":", 1)[1])
