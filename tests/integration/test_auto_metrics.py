@@ -69,6 +69,56 @@ def test_a_trainer_script_with_no_pattern_shows_its_step_and_loss(
         force_stop(daemon, run_id)
 
 
+#: What nanoGPT's train.py and torchtitan's train.py print each `log_interval` steps (the
+#: latter in colour), here for a loop that only prints: step and loss are what gpud reads.
+PRINTS_LIKE = {
+    "nanogpt": """
+import sys, time
+for it in range(int(sys.argv[1])):
+    time.sleep(0.05)
+    print(f"iter {it}: loss {6.0 / (it + 1):.4f}, time 50.12ms, mfu 31.50%", flush=True)
+""",
+    "torchtitan": """
+import sys, time
+for step in range(1, int(sys.argv[1]) + 1):
+    time.sleep(0.05)
+    print(f"\\x1b[31mstep: {step:2}  \\x1b[32mloss: {6.0 / step:7.4f}  \\x1b[33mmemory: 1.20GiB"
+          f"(1.51%)  \\x1b[34mtps: 1,234  \\x1b[35mtflops: 56.78  \\x1b[36mmfu: 12.30%\\x1b[39m",
+          flush=True)
+""",
+}
+
+
+@pytest.mark.parametrize("framework", sorted(PRINTS_LIKE))
+def test_nanogpt_and_torchtitan_output_shows_its_step_and_loss_with_no_pattern(
+    daemon: RunningDaemon, tmp_path: Path, framework: str
+) -> None:
+    spec = script_spec(tmp_path, PRINTS_LIKE[framework], name=framework, args=("100000",))
+    run_id = launch(daemon, config=spec)
+    try:
+
+        def past_step_20() -> dict[str, object] | None:
+            done = gpuctl("--node", daemon.address, "--json", "ps")
+            row = next(r for r in json.loads(done.stdout)["runs"] if r["id"] == run_id)
+            step = row.get("last_step")
+            return row if isinstance(step, int) and step >= 20 else None
+
+        row = until("ps shows the script's step", past_step_20, timeout=60)
+        step, values = row["last_step"], row["last_values"]
+        assert isinstance(step, int) and isinstance(values, dict)
+        # gpud counts from 0: nanoGPT's `iter N` is step N, torchtitan's `step: N` is N - 1;
+        # the loss printed at the script's own number k is 6 / (k + 1) or 6 / k.
+        own = step if framework == "nanogpt" else step + 1
+        assert values["loss"] == pytest.approx(6.0 / (own + (framework == "nanogpt")), abs=1e-4)
+        text = gpuctl("--node", daemon.address, "ps").stdout
+        line = next(line for line in text.splitlines() if run_id in line)
+        assert re.search(r" \d+ +0\.\d{4} ", line), line  # STEP and LOSS
+        events = [e.message for e in status(daemon, run_id).events]
+        assert f"metrics: auto: reading {framework} output" in events, events
+    finally:
+        force_stop(daemon, run_id)
+
+
 def test_gpud_attach_with_no_pattern_recognizes_the_output_too(tmp_path: Path) -> None:
     (tmp_path / "trainer_like.py").write_text(TRAINER_LIKE)
     env = {**os.environ, "GPUD_ATTACH": str(tmp_path / "no-daemon-here")}
