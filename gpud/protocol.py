@@ -526,6 +526,9 @@ class GangStatus(Reading):
     stop: PartStopRequest | None = Field(
         None, description="what node 0 asked of the other parts of this attempt"
     )
+    members: list[int] | None = Field(
+        None, description="the nodes of node 0's attempt (indices; None: all, or an older node 0)"
+    )
 
 
 class RunRef(Message):

@@ -25,13 +25,26 @@ WATCH_S = 5.0
 GAP_S = 3.0
 
 
-def stop_for(status: GangStatus, attempt: int) -> PartStopRequest | None:
-    """The stop this node's part of `attempt` should carry out, by node 0's answer; None:
+def went_on_without(run_id: str, attempt: int, rank: int, now_at: int) -> str:
+    """Why node `rank`'s part of `attempt` is stopped when an elastic run left the node out
+    of a later attempt and trains on elsewhere (not "ended": it has not)."""
+    return (
+        f"this part of attempt {attempt} is stale: run {run_id} went on without node {rank}"
+        f" (attempt {now_at}, on its other nodes)"
+    )
+
+
+def stop_for(status: GangStatus, attempt: int, rank: int) -> PartStopRequest | None:
+    """The stop node `rank`'s part of `attempt` should carry out, by node 0's answer; None:
     it goes on."""
     if status.stop is not None and status.attempt == attempt:
         return status.stop
     if status.attempt > attempt:
-        why = f"node 0 has moved on to attempt {status.attempt}"
+        live = not (status.state is RunState.STOPPING or status.state.terminal)
+        if live and status.members is not None and rank not in status.members:
+            why = went_on_without(status.run_id, attempt, rank, status.attempt)
+        else:
+            why = f"node 0 has moved on to attempt {status.attempt}"
         return PartStopRequest(run_id=status.run_id, reason=why, failed=True)
     if status.state is RunState.STOPPING or status.state.terminal:
         why = f"node 0 has the run {status.state.value}"

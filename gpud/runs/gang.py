@@ -72,7 +72,7 @@ from gpud.runmodel import (
 from gpud.runs import elastic
 from gpud.runs.book import RunBook
 from gpud.runs.checkpoints import ResumePoint, find_checkpoint
-from gpud.runs.coordinator_watch import CoordinatorWatch, stop_for
+from gpud.runs.coordinator_watch import CoordinatorWatch, stop_for, went_on_without
 from gpud.runs.decide import GangDecision, RestartPolicy, decide
 from gpud.runs.gpus import Gpu
 from gpud.runs.peer_stops import RETRY_S, PeerStops
@@ -400,6 +400,7 @@ class Gang:
             attempt=run.attempt,
             reason=run.reason,
             stop=self._stops.wanted(run),
+            members=run.members,
         )
 
     def _watch_coordinator(self, run: RunRecord, now: float, woke: bool) -> None:
@@ -429,7 +430,7 @@ class Gang:
         finally:
             await asyncio.to_thread(link.close)
             self._watch.answered(run.id)
-        stop = stop_for(status, attempt)
+        stop = stop_for(status, attempt, run.node_rank)
         current = self.book.get(run.id)
         own = self.book.part(run.id)
         if stop is None or current is None or own is None or own.record.attempt != attempt:
@@ -1136,10 +1137,7 @@ def _orphan_reason(run: RunRecord, attempt: int, rank: int) -> str:
     run ended, or (an elastic run) it went on without this node."""
     if run.state.terminal:
         return f"run {run.id} ended"
-    return (
-        f"this part of attempt {attempt} is stale: run {run.id} went on without node {rank}"
-        f" (attempt {run.attempt}, on its other nodes)"
-    )
+    return went_on_without(run.id, attempt, rank, run.attempt)
 
 
 #: The part of a full store's refusal that changes each time it is asked.

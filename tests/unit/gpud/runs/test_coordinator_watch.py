@@ -23,26 +23,44 @@ def status(state: RunState, attempt: int = 1, **kw: object) -> GangStatus:
 
 def test_a_part_goes_on_while_node_0_has_the_run_running_or_restarting() -> None:
     for state in (RunState.STARTING, RunState.RUNNING, RunState.PENDING, RunState.QUEUED):
-        assert stop_for(status(state), attempt=1) is None
+        assert stop_for(status(state), attempt=1, rank=1) is None
 
 
 def test_node_0_stopping_or_ended_stops_the_part_saying_why() -> None:
-    stopping = stop_for(status(RunState.STOPPING, reason="stop requested by ann"), attempt=1)
+    stopping = stop_for(status(RunState.STOPPING, reason="stop requested by ann"), 1, 1)
     assert stopping is not None and not stopping.failed
     assert stopping.reason == "node 0 has the run stopping: stop requested by ann"
-    failed = stop_for(status(RunState.FAILED, reason="rank 1: SIGKILL"), attempt=1)
+    failed = stop_for(status(RunState.FAILED, reason="rank 1: SIGKILL"), attempt=1, rank=1)
     assert failed is not None and failed.failed and "rank 1: SIGKILL" in failed.reason
-    stopped = stop_for(status(RunState.STOPPED), attempt=1)
+    stopped = stop_for(status(RunState.STOPPED), attempt=1, rank=1)
     assert stopped is not None and not stopped.failed
 
 
 def test_what_node_0_asked_wins_and_a_later_attempt_ends_an_old_part() -> None:
     asked = PartStopRequest(run_id="r-1", failed=True, reason="node 0's part failed", dump=True)
-    assert stop_for(status(RunState.STOPPING, stop=asked), attempt=1) == asked
-    moved = stop_for(status(RunState.RUNNING, attempt=3), attempt=2)
-    assert moved is not None and moved.failed and "attempt 3" in moved.reason
+    assert stop_for(status(RunState.STOPPING, stop=asked), attempt=1, rank=1) == asked
+    moved = stop_for(status(RunState.RUNNING, attempt=3), attempt=2, rank=1)
+    assert moved is not None and moved.failed
+    assert moved.reason == "node 0 has moved on to attempt 3"
     # an ask about an older attempt says nothing about this one
-    assert stop_for(status(RunState.RUNNING, attempt=2, stop=asked), attempt=3) is None
+    assert stop_for(status(RunState.RUNNING, attempt=2, stop=asked), attempt=3, rank=1) is None
+
+
+def test_a_node_an_elastic_attempt_left_out_hears_the_run_went_on_without_it() -> None:
+    """The node asks first (its loop was frozen): it is told the same as when node 0 finds
+    its stale part (`_orphan_reason`), not that the run moved on as if it were in it."""
+    left = status(RunState.RUNNING, attempt=2, members=[0, 1])
+    stale = stop_for(left, attempt=1, rank=2)
+    assert stale is not None and stale.failed
+    assert stale.reason == (
+        "this part of attempt 1 is stale: run r-1 went on without node 2 (attempt 2, on its"
+        " other nodes)"
+    )
+    assert stale.reason == _orphan_reason(run_record(0, attempt=2), 1, 2)
+    member = stop_for(left, attempt=1, rank=1)
+    assert member is not None and member.reason == "node 0 has moved on to attempt 2"
+    ended = stop_for(status(RunState.FAILED, attempt=2, members=[0, 1]), attempt=1, rank=2)
+    assert ended is not None and ended.reason == "node 0 has moved on to attempt 2"
 
 
 def test_asks_every_watch_interval_and_at_once_after_a_freeze() -> None:
