@@ -22,7 +22,7 @@ from pathlib import Path
 from gpud.patterns.extract import MetricExtractor
 from gpud.patterns.frameworks import Recognizers
 from gpud.runs.attempt_log import AttemptLog
-from gpud.runs.logparse import split_rank, torchrun_lines
+from gpud.runs.logparse import complete_lines, split_rank, torchrun_lines
 
 #: How often the log is looked at for new lines.
 POLL_S = 0.5
@@ -100,11 +100,7 @@ class MetricsTail:
         if not data:
             return False
         self._offset = got.end
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > MAX_LINE:
-            lines.append(self._partial)
-            self._partial = b""
+        lines, self._partial = complete_lines(self._partial, data, MAX_LINE)
         self._apply(lines)
         return True
 

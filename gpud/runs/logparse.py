@@ -55,6 +55,24 @@ def rank_parts(line: str) -> tuple[int | None, int | None, str]:
     return local, int(hook["rank"]), text[hook.end() :]
 
 
+def complete_lines(partial: bytes, data: bytes, max_line: int) -> tuple[list[bytes], bytes]:
+    """The lines `data` completes after the unfinished `partial`, and what is left
+    unfinished. A line still being redrawn with `\\r` (a progress bar: tqdm prints no
+    newline until it ends) gives its finished updates at once, up to its last `\\r`; a
+    line longer than `max_line` is given whole (its reader cuts it)."""
+    lines = (partial + data).split(b"\n")
+    rest = lines.pop()
+    # Not at a last byte `\r`: a `\r\n` may be on its way.
+    cut = rest.rfind(b"\r", 0, len(rest) - 1)
+    if cut > 0 and rest[:cut].strip(b"\r"):
+        lines.append(rest[:cut])
+        rest = rest[cut:]
+    if len(rest) > max_line:
+        lines.append(rest)
+        rest = b""
+    return lines, rest
+
+
 def split_rank(line: str) -> tuple[int | None, str]:
     """(local rank, text without the prefixes) for a line torchrun prefixed; (None, the
     line without torch's `[rankN]: `) otherwise."""

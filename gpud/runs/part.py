@@ -32,7 +32,7 @@ from gpud.runmodel import (
 )
 from gpud.runs import causes, procs, shim
 from gpud.runs.attempt_log import AttemptLog
-from gpud.runs.logparse import root_cause, torchrun_lines
+from gpud.runs.logparse import complete_lines, root_cause, torchrun_lines
 
 log = logging.getLogger("gpud.runs")
 
@@ -170,12 +170,7 @@ class Part:
         self.update(log_offset=got.end)
         if self._partial and got.spans[0].mark and not data.startswith(b"\n"):
             data = b"\n" + data  # what came after the unfinished line was dropped
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > MAX_LINE:
-            lines.append(self._partial)
-            self._partial = b""
+        lines, self._partial = complete_lines(self._partial, data, MAX_LINE)
         return torchrun_lines(
             [line[:MAX_LINE].decode(errors="replace").rstrip("\r") for line in lines]
         )

@@ -69,8 +69,8 @@ def test_a_trainer_script_with_no_pattern_shows_its_step_and_loss(
         force_stop(daemon, run_id)
 
 
-#: What nanoGPT's train.py and torchtitan's train.py print each `log_interval` steps (the
-#: latter in colour), here for a loop that only prints: step and loss are what gpud reads.
+#: What nanoGPT's and torchtitan's train.py print each `log_interval` steps (the latter in
+#: colour), and the DeepSpeed engine's own log line, here from a loop that only prints.
 PRINTS_LIKE = {
     "nanogpt": """
 import sys, time
@@ -86,11 +86,18 @@ for step in range(1, int(sys.argv[1]) + 1):
           f"(1.51%)  \\x1b[34mtps: 1,234  \\x1b[35mtflops: 56.78  \\x1b[36mmfu: 12.30%\\x1b[39m",
           flush=True)
 """,
+    "deepspeed": """
+import sys, time
+for step in range(1, int(sys.argv[1]) + 1):
+    time.sleep(0.05)
+    print(f"[2026-11-29 02:00:00,000] [INFO] [logging.py:128:log_dist] [Rank 0] steps: {step}"
+          f" loss: {6.0 / step:.4f} iter time (s): 0.050 samples/sec: 640.000", flush=True)
+""",
 }
 
 
 @pytest.mark.parametrize("framework", sorted(PRINTS_LIKE))
-def test_nanogpt_and_torchtitan_output_shows_its_step_and_loss_with_no_pattern(
+def test_nanogpt_torchtitan_and_deepspeed_output_shows_its_step_and_loss_with_no_pattern(
     daemon: RunningDaemon, tmp_path: Path, framework: str
 ) -> None:
     spec = script_spec(tmp_path, PRINTS_LIKE[framework], name=framework, args=("100000",))
@@ -106,7 +113,7 @@ def test_nanogpt_and_torchtitan_output_shows_its_step_and_loss_with_no_pattern(
         row = until("ps shows the script's step", past_step_20, timeout=60)
         step, values = row["last_step"], row["last_values"]
         assert isinstance(step, int) and isinstance(values, dict)
-        # gpud counts from 0: nanoGPT's `iter N` is step N, torchtitan's `step: N` is N - 1;
+        # gpud counts from 0: nanoGPT's `iter N` is step N, the others' `step: N` is N - 1;
         # the loss printed at the script's own number k is 6 / (k + 1) or 6 / k.
         own = step if framework == "nanogpt" else step + 1
         assert values["loss"] == pytest.approx(6.0 / (own + (framework == "nanogpt")), abs=1e-4)
@@ -115,6 +122,38 @@ def test_nanogpt_and_torchtitan_output_shows_its_step_and_loss_with_no_pattern(
         assert re.search(r" \d+ +0\.\d{4} ", line), line  # STEP and LOSS
         events = [e.message for e in status(daemon, run_id).events]
         assert f"metrics: auto: reading {framework} output" in events, events
+    finally:
+        force_stop(daemon, run_id)
+
+
+ACCELERATE_LIKE = """
+import sys, time
+from tqdm.auto import tqdm
+for step in tqdm(range(int(sys.argv[1])), desc="train"):
+    time.sleep(0.05)
+"""
+
+
+def test_a_bare_progress_bar_gives_the_step_and_its_rate_with_no_pattern(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """An accelerate script's (or any loop's) tqdm bar: no loss to read, but the step is
+    the bar's count and the rate its steps per second."""
+    spec = script_spec(tmp_path, ACCELERATE_LIKE, name="accelerate-like", args=("100000",))
+    run_id = launch(daemon, config=spec)
+    try:
+
+        def past_step_20() -> dict[str, object] | None:
+            done = gpuctl("--node", daemon.address, "--json", "ps")
+            row = next(r for r in json.loads(done.stdout)["runs"] if r["id"] == run_id)
+            step = row.get("last_step")
+            return row if isinstance(step, int) and step >= 20 else None
+
+        row = until("ps shows the bar's step", past_step_20, timeout=60)
+        values = row["last_values"]
+        assert isinstance(values, dict) and 2 <= values["steps_per_s"] <= 25, values  # ~20/s
+        events = [e.message for e in status(daemon, run_id).events]
+        assert "metrics: auto: reading tqdm output" in events, events
     finally:
         force_stop(daemon, run_id)
 

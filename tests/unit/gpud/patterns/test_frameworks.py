@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpud.patterns.frameworks import Recognizers
-from gpud.runs.logparse import split_rank, torchrun_lines
+from gpud.runs.logparse import complete_lines, split_rank, torchrun_lines
 from tests.support.logs import TORCHRUN_HF_TRAINER
 
 
@@ -115,3 +115,22 @@ def test_a_trainer_under_torchrun_gives_every_logged_loss_at_its_bar_step() -> N
     steps = [step for step, _ in points]
     assert steps == sorted(steps) and steps[-1] == 14
     assert found.matched == "hf-trainer"
+
+
+def test_a_bar_that_prints_no_newline_gives_its_updates_as_they_come() -> None:
+    """tqdm redraws with `\\r` and prints its newline only when the bar ends: a script
+    whose only output is a bar (an accelerate loop's) must not wait for that newline (or
+    64 KiB of updates) to show a step."""
+    bar = b"\rtrain:   0%|   | 1/1000 [00:00<?, 10.0it/s]\rtrain:   0%|   | 2/1000 [00:00<"
+    lines, rest = complete_lines(b"", bar, 65536)
+    assert lines == [b"\rtrain:   0%|   | 1/1000 [00:00<?, 10.0it/s]"]
+    assert rest == b"\rtrain:   0%|   | 2/1000 [00:00<"  # unfinished: it waits
+    lines, rest = complete_lines(rest, b"?, 10.0it/s]\rtrain", 65536)
+    assert lines == [b"\rtrain:   0%|   | 2/1000 [00:00<?, 10.0it/s]"] and rest == b"\rtrain"
+    _, got = read(*(line.decode() for line in lines))
+    assert got == [(1, {"steps_per_s": 10.0})]
+    # A line's own `\r\n`, its `\r` read before its `\n`, is one line, not two.
+    lines, rest = complete_lines(b"", b"step 1\r", 65536)
+    assert (lines, rest) == ([], b"step 1\r")
+    assert complete_lines(rest, b"\nstep 2\n", 65536) == ([b"step 1\r", b"step 2"], b"")
+    assert complete_lines(b"", b"x" * 10, 4) == ([b"x" * 10], b"")  # too long: given whole
