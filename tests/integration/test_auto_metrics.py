@@ -69,6 +69,21 @@ def test_a_trainer_script_with_no_pattern_shows_its_step_and_loss(
         force_stop(daemon, run_id)
 
 
+def ps_row_past_step(daemon: RunningDaemon, run_id: str, step: int) -> dict[str, object]:
+    """The run's row in `gpuctl --json ps`, once it shows a step past `step`."""
+
+    def past() -> dict[str, object] | None:
+        done = gpuctl("--node", daemon.address, "--json", "ps")
+        row: dict[str, object] = next(
+            r for r in json.loads(done.stdout)["runs"] if r["id"] == run_id
+        )
+        last = row.get("last_step")
+        return row if isinstance(last, int) and last >= step else None
+
+    row: dict[str, object] = until(f"ps shows a step past {step}", past, timeout=60)
+    return row
+
+
 #: What nanoGPT's and torchtitan's train.py print each `log_interval` steps (the latter in
 #: colour), and the DeepSpeed engine's own log line, here from a loop that only prints.
 PRINTS_LIKE = {
@@ -103,14 +118,7 @@ def test_nanogpt_torchtitan_and_deepspeed_output_shows_its_step_and_loss_with_no
     spec = script_spec(tmp_path, PRINTS_LIKE[framework], name=framework, args=("100000",))
     run_id = launch(daemon, config=spec)
     try:
-
-        def past_step_20() -> dict[str, object] | None:
-            done = gpuctl("--node", daemon.address, "--json", "ps")
-            row = next(r for r in json.loads(done.stdout)["runs"] if r["id"] == run_id)
-            step = row.get("last_step")
-            return row if isinstance(step, int) and step >= 20 else None
-
-        row = until("ps shows the script's step", past_step_20, timeout=60)
+        row = ps_row_past_step(daemon, run_id, 20)
         step, values = row["last_step"], row["last_values"]
         assert isinstance(step, int) and isinstance(values, dict)
         # gpud counts from 0: nanoGPT's `iter N` is step N, the others' `step: N` is N - 1;
@@ -142,14 +150,7 @@ def test_a_bare_progress_bar_gives_the_step_and_its_rate_with_no_pattern(
     spec = script_spec(tmp_path, ACCELERATE_LIKE, name="accelerate-like", args=("100000",))
     run_id = launch(daemon, config=spec)
     try:
-
-        def past_step_20() -> dict[str, object] | None:
-            done = gpuctl("--node", daemon.address, "--json", "ps")
-            row = next(r for r in json.loads(done.stdout)["runs"] if r["id"] == run_id)
-            step = row.get("last_step")
-            return row if isinstance(step, int) and step >= 20 else None
-
-        row = until("ps shows the bar's step", past_step_20, timeout=60)
+        row = ps_row_past_step(daemon, run_id, 20)
         values = row["last_values"]
         assert isinstance(values, dict) and 2 <= values["steps_per_s"] <= 25, values  # ~20/s
         events = [e.message for e in status(daemon, run_id).events]
