@@ -151,7 +151,9 @@ class Intake:
             if lines:
                 self._take_lines(self.book.get(run.id) or run, part, lines)
             if not moved:
-                if not read and part.touched() and not part.record.state.terminal:
+                # Looked at after lines were read too, so a quiet tick compares with then.
+                touched = part.touched()
+                if not read and touched and not part.record.state.terminal:
                     # Output the shim dropped on a full disk: the run is not silent.
                     self.telemetry.output(self.book.get(run.id) or run, part.record.attempt)
                 return read
