@@ -20,17 +20,17 @@ spent waiting, or by other threads, is never counted) to its component:
   heap grown with a thousand runs held shows here, not as a slower component.
 
 What no component claims (zmq's I/O threads, the event loop itself, control requests)
-is the rest: the process's CPU less the sum.
+is the rest: the process's CPU less the sum. The totals are in
+`node.info` (`cpu_by_component`) and on /metrics (`gpud_daemon_component_cpu_seconds`).
+A charge costs two `thread_time` calls, about 1 µs. Charges nest: a block's own CPU is
+what it spent less what the charges inside it spent, so the components add up.
 
 An idle daemon's cost is mostly its wake-ups, not its work: each costs a thread switch
 and a cold pass through the interpreter. Its periodic parts therefore wake on one beat
 (`next_beat`, `until_beat`): every timer of a period lands on the same multiple of that
 period on the loop's clock, so the sampler, the housekeeping, the supervisor's idle tick
 and the control guard's idle check share one wake-up of the loop a second instead of one
-each (idle: 5.0 → 2.8 wake-ups of the loop a second, 0.26 → 0.17 % of a core). The totals are in
-`node.info` (`cpu_by_component`) and on /metrics (`gpud_daemon_component_cpu_seconds`).
-A charge costs two `thread_time` calls, about 1 µs. Charges nest: a block's own CPU is
-what it spent less what the charges inside it spent, so the components add up.
+each (idle, the loop wakes 2.5 times a second, was 5: docs/DESIGN.md).
 """
 
 from __future__ import annotations
