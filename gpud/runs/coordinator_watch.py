@@ -39,14 +39,14 @@ def stop_for(status: GangStatus, attempt: int, rank: int) -> PartStopRequest | N
     it goes on."""
     if status.stop is not None and status.attempt == attempt:
         return status.stop
+    ending = status.state is RunState.STOPPING or status.state.terminal
     if status.attempt > attempt:
-        live = not (status.state is RunState.STOPPING or status.state.terminal)
-        if live and status.members is not None and rank not in status.members:
+        if not ending and status.members is not None and rank not in status.members:
             why = went_on_without(status.run_id, attempt, rank, status.attempt)
         else:
             why = f"node 0 has moved on to attempt {status.attempt}"
         return PartStopRequest(run_id=status.run_id, reason=why, failed=True)
-    if status.state is RunState.STOPPING or status.state.terminal:
+    if ending:
         why = f"node 0 has the run {status.state.value}"
         if status.reason:
             why += f": {status.reason}"
