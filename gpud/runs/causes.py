@@ -28,7 +28,14 @@ from gpud.runmodel import (
     ExitInfo,
     FailureCause,
 )
-from gpud.runs.logparse import RootCause, failures, rank_parts, root_cause, split_rank
+from gpud.runs.logparse import (
+    RootCause,
+    failures,
+    first_seen_failure,
+    rank_parts,
+    root_cause,
+    split_rank,
+)
 from gpud.runs.shim import ROOM_BYTES, free_bytes
 from gpud.snapshot import GpuSample
 
@@ -510,7 +517,10 @@ def _find_cause(
     root = root_cause(log_text)
     # A rank killed by a signal other than torchrun's own SIGTERM (sent to the others once
     # one failed) is the strongest evidence there is, wherever the summary lists it.
-    killed = [f for f in failures(log_text) if _killed_by(f) is not None]
+    # The agent's own line when it saw the failure stands in for a summary that is missing.
+    seen = first_seen_failure(log_text)
+    listed = failures(log_text) or ([seen] if seen is not None else [])
+    killed = [f for f in listed if _killed_by(f) is not None]
     if killed:
         root = killed[0]
     local = root.local_rank if root is not None else None

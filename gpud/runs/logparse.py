@@ -186,6 +186,24 @@ _ENTRY = re.compile(
 )
 
 
+#: torchrun's agent, once a worker failed and it has ended the others, before its summary:
+#: `failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: ...` (its first failure).
+_AGENT_SAW = re.compile(r"\] failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) ")
+
+
+def first_seen_failure(text: str) -> RootCause | None:
+    """The failed worker torchrun's agent names first, from the line it logs before its
+    summary: the evidence that remains where the summary came cut or not at all (the
+    agent killed as it printed it). The last such line wins (a restarted attempt's)."""
+    matches = list(_AGENT_SAW.finditer(text))
+    if not matches:
+        return None
+    match = matches[-1]
+    return RootCause(
+        rank=None, local_rank=int(match["local"]), exitcode=int(match["code"]), signal_name=None
+    )
+
+
 def failures(text: str) -> list[RootCause]:
     """Every failed rank in torchrun's last end-of-run summary: the other failures, then
     the root cause (torchrun's "first observed" is only as good as whole-second clocks)."""

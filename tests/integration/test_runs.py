@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gpud.runmodel import CauseKind
+from gpud.runs.attempt_log import AttemptLog
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     CPU_DDP,
@@ -226,7 +227,11 @@ def test_restart_recovers_a_killed_rank_from_the_last_checkpoint(daemon: Running
     resumed_from = s.attempts[1].resume_from
     assert resumed_from is not None and "step_000000" in resumed_from
     assert s.attempts[0].state.value == "failed"
-    assert s.attempts[0].reason == "rank 1: killed by SIGKILL (signal)"  # from torchrun
+    first = s.attempts[0]
+    # From torchrun; if not, the end of what the node read it from says why.
+    assert first.reason == "rank 1: killed by SIGKILL (signal)", AttemptLog.of(
+        first.attempt_dir
+    ).tail_text(4096)
     nothing_left(run_id)
 
 

@@ -141,6 +141,29 @@ def test_a_killed_rank_in_torchruns_failures_beats_its_root_cause_guess(tmp_path
     assert (cause.kind, cause.rank, cause.summary) == (CauseKind.SIGNAL, 1, "killed by SIGKILL")
 
 
+#: What torchrun's agent logs once it has ended the others, before its summary (copied
+#: from a real run's output).
+AGENT_SAW_THE_KILL = (
+    "E1129 04:09:54.789000 6828 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+    "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 6842) of binary:"
+    " /work/main/.venv/bin/python3\n"
+)
+
+
+def test_the_agents_own_line_names_a_killed_rank_where_the_summary_is_missing(
+    tmp_path: Path,
+) -> None:
+    # The summary never reached the log (the agent killed while it printed it, the log
+    # cut): rank 0's connection error is still the echo of rank 1's SIGKILL.
+    error_file(torchrun_error(tmp_path, 0), "RuntimeError: Connection closed by peer")
+    cause = find_cause(tmp_path, TRACEBACK.replace("[default1]", "[x]") + AGENT_SAW_THE_KILL,
+                       ExitInfo(exit_code=1), node_rank=0, nproc=2)  # fmt: skip
+    assert (cause.kind, cause.rank, cause.summary) == (CauseKind.SIGNAL, 1, "killed by SIGKILL")
+    # Without the line, the error file is all there is.
+    alone = find_cause(tmp_path, "", ExitInfo(exit_code=1), node_rank=0, nproc=2)
+    assert (alone.kind, alone.rank) == (CauseKind.NETWORK, 0)
+
+
 def test_an_unmodified_script_gets_the_last_traceback_of_the_failed_rank(tmp_path: Path) -> None:
     summary = SIGKILLED.replace("-9 (pid: 10402)  (SIGKILL)", "1 (pid: 10402)")
     cause = find_cause(tmp_path, TRACEBACK + summary, ExitInfo(exit_code=1), node_rank=1, nproc=2)
