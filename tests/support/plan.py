@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.cpu_report import CpuReport
+
 ALONE = "alone"
 #: Two local Slurm clusters at once clash (job 1 of each takes port 20001): the tests that
 #: start one (tests/conftest.py's `slurm` fixture) run one after another, in one group.
@@ -54,6 +56,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(the workers' plan hands out the longest first)",
     )
     parser.addoption(
+        "--cpu-report",
+        metavar="FILE",
+        help="append each test's CPU seconds, its processes' included, to FILE "
+        "(python -m tests.support.cpu_report FILE sums it)",
+    )
+    parser.addoption(
         "--heavy-lanes",
         type=int,
         default=2,
@@ -69,6 +77,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if config.getoption("store_durations"):
         config.pluginmanager.register(DurationStore(), "gpud-durations")
+    report = config.getoption("cpu_report")
+    if report:
+        config.pluginmanager.register(CpuReport(Path(report).resolve()), "gpud-cpu-report")
 
 
 @pytest.hookimpl(tryfirst=True)
