@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 
-def _cpu() -> float:
+def cpu_seconds() -> float:
+    """This process's CPU seconds and those of the children it reaped (theirs included)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     them = resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + them.ru_utime + them.ru_stime
@@ -36,12 +37,12 @@ class CpuReport:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
-        cpu, wall = _cpu(), time.monotonic()
+        cpu, wall = cpu_seconds(), time.monotonic()
         yield
         line = {
             "test": item.nodeid.split("@")[0],
             "wall": round(time.monotonic() - wall, 2),
-            "cpu": round(_cpu() - cpu, 2),
+            "cpu": round(cpu_seconds() - cpu, 2),
         }
         with open(self.path, "a") as out:  # one short write per line: workers interleave whole
             out.write(json.dumps(line) + "\n")

@@ -14,7 +14,9 @@ pyproject's addopts. This module is the plan those workers follow:
   ranks, daemons and torch processes, and uses most of a core: at most `--heavy-lanes`
   workers (2) take such pieces; the others take the light ones (unit, TUI, short
   integration tests) and finish when those are done. Three heavy tests at once on two
-  cores made timing-sensitive ones (a 5 s hang timeout, a 10 s lost node) fail.
+  cores made timing-sensitive ones (a 5 s hang timeout, a 10 s lost node) fail. A long
+  test that was measured to cost under LIGHT_CPU_S of CPU (it waits: an idle client for
+  100 s, a receiver that times out) is light: it waits beside the heavy ones.
 - **`alone` runs last, by itself.** A test marked `alone` times something against load or
   needs the whole machine: it runs after every other test has finished, on one worker,
   with the others gone. Without xdist (`-p no:xdist`, `-n 0`) those tests still run last.
@@ -26,13 +28,17 @@ only once it holds the next one (or is told to shut down), so each keeps two in 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.cpu_report import CpuReport
+from tests.support.cpu_report import CpuReport, cpu_seconds
+
+#: The user property a test report's CPU seconds go in.
+CPU_PROPERTY = "cpu_s"
 
 ALONE = "alone"
 #: Two local Slurm clusters at once clash (job 1 of each takes port 20001): the tests that
@@ -44,8 +50,11 @@ GUESSES = (("tests/faults/", 40.0), ("tests/integration/", 15.0), ("tests/tui/",
 UNIT_GUESS = 0.2
 #: Tests shorter than this are left out of durations.json (the guess is good enough).
 STORED_FROM_S = 0.5
-#: A piece of work this long (measured or guessed) is heavy: real ranks and daemons.
+#: A piece of work this long (measured or guessed) is heavy: real ranks and daemons...
 HEAVY_S = 8.0
+#: ... unless it was measured to cost less CPU than this, its processes' included (CPU a
+#: test's tree did not reap, as a Slurm job's, is not counted: the bar is low).
+LIGHT_CPU_S = 2.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -75,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{ALONE}: times something against load or needs the whole machine: runs after "
         "every other test, by itself",
     )
+    config.pluginmanager.register(CpuMeter(), "gpud-cpu-meter")
     if config.getoption("store_durations"):
         config.pluginmanager.register(DurationStore(), "gpud-durations")
     report = config.getoption("cpu_report")
@@ -115,18 +125,49 @@ def group_of(nodeid: str) -> str | None:
     return nodeid[at + 1 :] if at > nodeid.rfind("]") else None
 
 
-def measured() -> dict[str, float]:
+@dataclass(frozen=True)
+class Cost:
+    """What a test took when last measured: seconds, and CPU seconds (None: not measured)."""
+
+    seconds: float
+    cpu: float | None = None
+
+    def to_json(self) -> float | list[float]:
+        return self.seconds if self.cpu is None else [self.seconds, self.cpu]
+
+
+def _cost(value: object) -> Cost | None:
+    match value:
+        case int() | float():
+            return Cost(float(value))
+        case [int() | float() as seconds, int() | float() as cpu]:
+            return Cost(float(seconds), float(cpu))
+    return None
+
+
+def measured() -> dict[str, Cost]:
+    """tests/durations.json: `"test id": seconds` or `"test id": [seconds, cpu seconds]`."""
     try:
         found = json.loads(DURATIONS.read_text())
     except (OSError, ValueError):
         return {}
-    return {str(k): float(v) for k, v in found.items()} if isinstance(found, dict) else {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): c for k, v in found.items() if (c := _cost(v)) is not None}
 
 
-def guess(nodeid: str, known: dict[str, float]) -> float:
-    if (seconds := known.get(bare(nodeid))) is not None:
-        return seconds
-    return next((s for prefix, s in GUESSES if nodeid.startswith(prefix)), UNIT_GUESS)
+def guess(nodeid: str, known: dict[str, Cost]) -> Cost:
+    if (cost := known.get(bare(nodeid))) is not None:
+        return cost
+    return Cost(next((s for prefix, s in GUESSES if nodeid.startswith(prefix)), UNIT_GUESS))
+
+
+def heavy(costs: Sequence[Cost]) -> bool:
+    """Whether a piece of work (its tests' costs) takes a heavy lane."""
+    if sum(c.seconds for c in costs) < HEAVY_S:
+        return False
+    cpus = [c.cpu for c in costs]
+    return any(cpu is None for cpu in cpus) or sum(c for c in cpus if c) >= LIGHT_CPU_S
 
 
 class Plan:
@@ -231,10 +272,11 @@ class Plan:
             pieces.setdefault(group_of(nodeid) or nodeid, []).append(index)
         self.alone = pieces.pop(ALONE, [])
         known = measured()
-        seconds = {k: sum(guess(collection[i], known) for i in v) for k, v in pieces.items()}
+        costs = {k: [guess(collection[i], known) for i in v] for k, v in pieces.items()}
+        seconds = {k: sum(c.seconds for c in v) for k, v in costs.items()}
         # Longest first; among equals, in the order collected (sorted() is stable).
         self.work = [pieces[k] for k in sorted(pieces, key=lambda k: -seconds[k])]
-        self.heavy = {pieces[k][0] for k in pieces if seconds[k] >= HEAVY_S}
+        self.heavy = {pieces[k][0] for k in pieces if heavy(costs[k])}
 
     def _hand_out(self, node: Any) -> None:
         if node.shutting_down or node not in self.node2collection:
@@ -276,21 +318,51 @@ class Plan:
         node.send_runtest_some(indices)
 
 
+class CpuMeter:
+    """Each test report carries the CPU seconds of its phase (`cpu_s` in its
+    user_properties): the worker's own and that of every process the test started and
+    reaped (a daemon reaps its shims, a shim its launcher, torchrun its ranks)."""
+
+    def __init__(self) -> None:
+        self._mark = cpu_seconds()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        now = cpu_seconds()
+        report.user_properties.append((CPU_PROPERTY, round(now - self._mark, 3)))
+        self._mark = now
+        return report
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logstart(self) -> None:
+        self._mark = cpu_seconds()
+
+
 class DurationStore:
-    """`--store-durations`: each test's setup, call and teardown seconds, summed, merged
-    into tests/durations.json (tests that did not run keep their figure)."""
+    """`--store-durations`: each test's setup, call and teardown seconds, and CPU seconds,
+    summed, merged into tests/durations.json (tests that did not run keep their figure)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         nodeid = bare(report.nodeid)
         self.seconds[nodeid] = self.seconds.get(nodeid, 0.0) + report.duration
+        for name, value in report.user_properties:
+            if name == CPU_PROPERTY and isinstance(value, int | float):
+                self.cpu[nodeid] = self.cpu.get(nodeid, 0.0) + value
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(session.config, "workerinput"):
             return  # a worker: the controller has every report
         kept = measured()
-        kept.update(self.seconds)
-        slow = {k: round(v, 1) for k, v in sorted(kept.items()) if v >= STORED_FROM_S}
-        DURATIONS.write_text(json.dumps(slow, indent=0, sort_keys=True) + "\n")
+        for nodeid, seconds in self.seconds.items():
+            cpu = self.cpu.get(nodeid)
+            kept[nodeid] = Cost(round(seconds, 1), None if cpu is None else round(cpu, 1))
+        slow = {k: c.to_json() for k, c in sorted(kept.items()) if c.seconds >= STORED_FROM_S}
+        lines = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in slow.items()]  # one a line
+        DURATIONS.write_text("{\n" + ",\n".join(lines) + "\n}\n")
