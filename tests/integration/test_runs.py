@@ -175,9 +175,9 @@ def test_stop_checkpoints_and_resume_continues_from_its_step(daemon: RunningDaem
 
 def test_stopped_run_ended_the_same_as_an_uninterrupted_one(daemon: RunningDaemon) -> None:
     """Exact resume: stop at step k, resume, and the final weights equal a straight run's."""
-    steps = 300
+    steps = 150
+    # Side by side, on GPUs of their own (the daemon has 8): the same seed, the same data.
     straight = launch(daemon, FAST, f"training.max_steps={steps}", "name=straight")
-    wait_for(daemon, straight, {"succeeded"})
     interrupted = launch(daemon, FAST, f"training.max_steps={steps}", "name=interrupted")
     wait_for_step(daemon, interrupted, 20)
     assert gpuctl("--node", daemon.address, "stop", interrupted, timeout=120).returncode == 0
@@ -186,6 +186,7 @@ def test_stopped_run_ended_the_same_as_an_uninterrupted_one(daemon: RunningDaemo
     assert checkpoint.step < steps // 2, "the stop must land well before the end to test resume"
     assert gpuctl("--node", daemon.address, "resume", interrupted).returncode == 0
     wait_for(daemon, interrupted, {"succeeded"})
+    wait_for(daemon, straight, {"succeeded"})
     a = torch.load(Path(daemon.state_dir, "runs", straight, "final.pt"))
     b = torch.load(Path(daemon.state_dir, "runs", interrupted, "final.pt"))
     assert a.keys() == b.keys()
