@@ -44,6 +44,23 @@ def by_gpu(samples: Samples, name: str) -> dict[str, tuple[dict[str, str], float
     return {labels["gpu"]: (labels, value) for labels, value in samples[name]}
 
 
+def scrape_until(url: str, ready: Callable[[Samples], bool], timeout: float = 30) -> str:
+    """Scrape every 0.25 s until `ready` holds of what was scraped; that text."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = scrape(url)
+        if ready(parse(text)):
+            return text
+        assert time.monotonic() < deadline, f"never ready: {text[-2000:]}"
+        time.sleep(0.25)
+
+
+def _ranks_seen(samples: Samples) -> bool:
+    active = [v for labels, v in samples.get("DCGM_FI_PROF_SM_ACTIVE", []) if labels["run"]]
+    beats = {labels["rank"] for labels, _ in samples.get("gpud_rank_heartbeat_age_seconds", [])}
+    return len(active) == 2 and all(v > 0 for v in active) and beats == {"0", "1"}
+
+
 def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
     daemons: Daemons,
 ) -> None:
@@ -55,8 +72,10 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
     )
     try:
         wait_for_step(daemon, run_id, 10)
-        time.sleep(1.5)  # a health round after the heartbeats
-        text = scrape(f"http://127.0.0.1:{port}/metrics")
+        # Until a sample has the ranks' load on their GPUs (their CPU since the sample
+        # before stands in for it: a rank just found has none yet) and a health round
+        # has the heartbeats.
+        text = scrape_until(f"http://127.0.0.1:{port}/metrics", _ranks_seen)
     finally:
         force_stop(daemon, run_id)
     samples = parse(text)
