@@ -43,6 +43,7 @@ class SimulatedLoads:
         self._ranks: dict[int, tuple[psutil.Process, int, str]] = {}
         self._shim_set: frozenset[int] = frozenset()
         self._scanned_at = float("-inf")
+        self._measured: set[psutil.Process] = set()  # ranks whose CPU use has a baseline
 
     def _foreign_loads(self) -> dict[int, list[SimulatedLoad]]:
         loads: dict[int, list[SimulatedLoad]] = {}
@@ -65,13 +66,20 @@ class SimulatedLoads:
         if shims != self._shim_set or now - self._scanned_at >= RESCAN_S:
             self._ranks = self._find_ranks(shims)
             self._shim_set, self._scanned_at = shims, now
+            self._measured &= {proc for proc, _gpu, _name in self._ranks.values()}
         for pid, (proc, gpu, name) in list(self._ranks.items()):
             try:
-                # The same Process each time: cpu_percent() measures since its last call.
-                busy = min(100.0, proc.cpu_percent(interval=None))
+                # The same Process each time: cpu_percent() measures since its last call;
+                # at the first, which has no last, its use over its life so far.
+                since = proc.cpu_percent(interval=None)
+                if proc not in self._measured:  # a Process is its pid and start time
+                    self._measured.add(proc)
+                    since = _lifetime_pct(proc)
+                busy = min(100.0, since)
                 memory = proc.memory_info().rss * RSS_AS_GPU_MEMORY
             except psutil.Error:
                 del self._ranks[pid]  # it ended
+                self._measured.discard(proc)
                 continue
             loads.setdefault(gpu, []).append(
                 SimulatedLoad(pid=pid, name=name, used_memory_bytes=memory, busy_pct=busy)
@@ -99,6 +107,13 @@ class SimulatedLoads:
                 gpu = _gpu_of(int(local), env.get("CUDA_VISIBLE_DEVICES"), self._gpu_count)
                 found[proc.pid] = (proc, gpu, name)
         return found
+
+
+def _lifetime_pct(proc: psutil.Process) -> float:
+    """A process's CPU use since it started, in percent of a core."""
+    times = proc.cpu_times()
+    alive = max(time.time() - proc.create_time(), 1e-3)
+    return 100.0 * (times.user + times.system) / alive
 
 
 def _gpu_of(local_rank: int, visible: str | None, gpu_count: int) -> int:
