@@ -176,10 +176,12 @@ def test_a_job_that_must_wait_is_queued_with_slurms_reason(
     row = wait_until(run_id, lambda r: r["state"] == "queued" and "PENDING (" in r["reason"])
     assert "PENDING (Resources)" in row["reason"] or "PENDING (Priority)" in row["reason"]
     assert "queued" in gpuctl("ps", "--active").stdout
-    cluster.run("scancel", hold)
+    # Stopped while it still waits: with the hold cancelled first, Slurm could start the
+    # job and its 10 steps end before the stop (a CI-like run saw it succeed).
     stopped = gpuctl("stop", run_id)
     assert stopped.returncode == 0, stopped.stderr
     assert ps(run_id)["state"] == "stopped"
+    cluster.run("scancel", hold)
 
 
 def test_without_slurm_commands_launch_says_so_in_one_line(
