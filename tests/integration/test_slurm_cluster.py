@@ -53,7 +53,12 @@ def test_a_job_that_cannot_start_waits_with_slurms_reason(
     while time.monotonic() < deadline and slurm.state_of(hold)[0] != "RUNNING":
         time.sleep(0.2)
     assert slurm.state_of(hold)[0] == "RUNNING"
+    # Until the scheduler's first pass over it, a job pends with no reason ("None").
     state, reason = slurm.state_of(waiting)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (state, reason) == ("PENDING", "None"):
+        time.sleep(0.2)
+        state, reason = slurm.state_of(waiting)
     assert state == "PENDING" and reason in {"Resources", "Priority"}, (state, reason)
     slurm.run("scancel", hold)
     wait_gone(slurm, waiting)
