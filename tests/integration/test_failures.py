@@ -27,6 +27,7 @@ from tests.support.runs import (
     wait_for,
     wait_for_step,
 )
+from tests.support.waiting import until
 
 EXAMPLES = ROOT / "config" / "examples"
 RAISE = (
@@ -279,7 +280,9 @@ def test_an_xid_on_the_runs_gpu_just_before_it_failed_makes_it_a_hardware_failur
     deadline = time.monotonic() + 10
     while xids.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
-    time.sleep(0.5)  # a sample or two later, the XID is in the node's snapshot
+    with daemon.client() as client:  # the XID is in the node's snapshot
+        until("XID 43 on GPU 3", lambda: [r for r in client.node_hw().gpus[3].xid.recent
+                                          if r.code == 43])  # fmt: skip
     kill_rank(run_id, 1)  # what a rank on a lost GPU does: it dies
     s = wait_for(daemon, run_id, {"failed"}, timeout=60)
     cause = s.run.cause

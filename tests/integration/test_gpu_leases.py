@@ -121,7 +121,8 @@ def test_a_foreign_process_keeps_its_gpu_out_of_every_lease(
         force_stop(daemon, run_id)
     sleeper.kill()
     sleeper.wait()
-    time.sleep(1.0)  # the next samples no longer show it
+    with daemon.client() as client:
+        until("GPU 2 without the foreign process", lambda: not client.node_hw().gpus[2].processes)
     run_id = launch(daemon, FAST, "training.max_steps=20", "gpus=[2]")
     assert visible_devices(run_id) == {"2"}
     assert wait_for(daemon, run_id, {"succeeded", "failed"}).run.state is RunState.SUCCEEDED
