@@ -517,9 +517,9 @@ def _find_cause(
     root = root_cause(log_text)
     # A rank killed by a signal other than torchrun's own SIGTERM (sent to the others once
     # one failed) is the strongest evidence there is, wherever the summary lists it.
-    # The agent's own line when it saw the failure stands in for a summary that is missing.
-    seen = first_seen_failure(log_text)
-    listed = failures(log_text) or ([seen] if seen is not None else [])
+    listed = failures(log_text)
+    if not listed and (seen := first_seen_failure(log_text)) is not None:
+        listed = [seen]  # the agent's own line stands in for a summary that is missing
     killed = [f for f in listed if _killed_by(f) is not None]
     if killed:
         root = killed[0]

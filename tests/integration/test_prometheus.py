@@ -8,7 +8,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from gpud.prometheus.series import FIELDS
 from tests.support.daemons import RunningDaemon, free_port
 from tests.support.dcgm_exporter import dcgm_types
 from tests.support.runs import FAST, force_stop, launch, wait_for_step
+from tests.support.waiting import until
 
 Daemons = Callable[..., RunningDaemon]
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -44,21 +44,14 @@ def by_gpu(samples: Samples, name: str) -> dict[str, tuple[dict[str, str], float
     return {labels["gpu"]: (labels, value) for labels, value in samples[name]}
 
 
-def scrape_until(url: str, ready: Callable[[Samples], bool], timeout: float = 30) -> str:
-    """Scrape every 0.25 s until `ready` holds of what was scraped; that text."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = scrape(url)
-        if ready(parse(text)):
-            return text
-        assert time.monotonic() < deadline, f"never ready: {text[-2000:]}"
-        time.sleep(0.25)
-
-
-def _ranks_seen(samples: Samples) -> bool:
+def _with_ranks(url: str) -> str | None:
+    """A scrape with both ranks' load on their GPUs and both heartbeats in, or None."""
+    text = scrape(url)
+    samples = parse(text)
     active = [v for labels, v in samples.get("DCGM_FI_PROF_SM_ACTIVE", []) if labels["run"]]
     beats = {labels["rank"] for labels, _ in samples.get("gpud_rank_heartbeat_age_seconds", [])}
-    return len(active) == 2 and all(v > 0 for v in active) and beats == {"0", "1"}
+    ready = len(active) == 2 and all(v > 0 for v in active) and beats == {"0", "1"}
+    return text if ready else None
 
 
 def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
@@ -75,7 +68,9 @@ def test_gpu_series_carry_dcgm_names_labels_and_the_run_and_rank_on_them(
         # Until a sample has the ranks' load on their GPUs (their CPU since the sample
         # before stands in for it: a rank just found has none yet) and a health round
         # has the heartbeats.
-        text = scrape_until(f"http://127.0.0.1:{port}/metrics", _ranks_seen)
+        url = f"http://127.0.0.1:{port}/metrics"
+        text = until("the ranks' load and heartbeats in a scrape", lambda: _with_ranks(url),
+                     timeout=30, every=0.25)  # fmt: skip
     finally:
         force_stop(daemon, run_id)
     samples = parse(text)
