@@ -1,9 +1,10 @@
 """`--cpu-report FILE`: the CPU each test cost, its processes' included (issue 31).
 
 The suite is CPU-bound on two cores, so a test's wall time says little about what it costs
-the tests beside it. Each worker adds, per test, the CPU seconds of its own process and of
-every process the test started and reaped (a daemon reaps its shims, a shim its launcher,
-torchrun its ranks: `RUSAGE_CHILDREN` counts them all once waited for) as one JSON line:
+the tests beside it. Each test's reports carry the CPU seconds of its worker and of every
+process the test started and reaped (a daemon reaps its shims, a shim its launcher,
+torchrun its ranks: `RUSAGE_CHILDREN` counts them all once waited for); this writes them,
+a test a line:
 
     {"test": "tests/faults/test_elastic.py::test_...", "wall": 48.1, "cpu": 61.3}
 
@@ -16,9 +17,7 @@ import json
 import os
 import resource
 import sys
-import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,20 +30,42 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + them.ru_utime + them.ru_stime
 
 
+#: The user property a test report's CPU seconds go in (tests.support.plan.CpuMeter).
+CPU_PROPERTY = "cpu_s"
+
+
+def bare(nodeid: str) -> str:
+    """The test's own id, without xdist's `@group` suffix."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
+def report_cpu(report: pytest.TestReport) -> float:
+    """The CPU seconds `CpuMeter` put on a report (0 where it put none)."""
+    return sum(v for k, v in report.user_properties if k == CPU_PROPERTY and isinstance(v, float))
+
+
 class CpuReport:
+    """Sums each test's phases as their reports reach this process (the controller, under
+    xdist) and writes one line per test once its teardown is reported."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._wall: dict[str, float] = {}
+        self._cpu: dict[str, float] = {}
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
-        cpu, wall = cpu_seconds(), time.monotonic()
-        yield
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        test = bare(report.nodeid)
+        self._wall[test] = self._wall.get(test, 0.0) + report.duration
+        self._cpu[test] = self._cpu.get(test, 0.0) + report_cpu(report)
+        if report.when != "teardown":
+            return
         line = {
-            "test": item.nodeid.split("@")[0],
-            "wall": round(time.monotonic() - wall, 2),
-            "cpu": round(cpu_seconds() - cpu, 2),
+            "test": test,
+            "wall": round(self._wall.pop(test), 2),
+            "cpu": round(self._cpu.pop(test), 2),
         }
-        with open(self.path, "a") as out:  # one short write per line: workers interleave whole
+        with open(self.path, "a") as out:
             out.write(json.dumps(line) + "\n")
 
 

@@ -35,10 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cpu_report import CpuReport, cpu_seconds
-
-#: The user property a test report's CPU seconds go in.
-CPU_PROPERTY = "cpu_s"
+from tests.support.cpu_report import CPU_PROPERTY, CpuReport, bare, cpu_seconds, report_cpu
 
 ALONE = "alone"
 #: Two local Slurm clusters at once clash (job 1 of each takes port 20001): the tests that
@@ -84,10 +81,14 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{ALONE}: times something against load or needs the whole machine: runs after "
         "every other test, by itself",
     )
-    config.pluginmanager.register(CpuMeter(), "gpud-cpu-meter")
-    if config.getoption("store_durations"):
-        config.pluginmanager.register(DurationStore(), "gpud-durations")
+    store = config.getoption("store_durations")
     report = config.getoption("cpu_report")
+    if store or report:
+        config.pluginmanager.register(CpuMeter(), "gpud-cpu-meter")
+    if hasattr(config, "workerinput"):
+        return  # a worker: the controller gets every report, and writes
+    if store:
+        config.pluginmanager.register(DurationStore(), "gpud-durations")
     if report:
         config.pluginmanager.register(CpuReport(Path(report).resolve()), "gpud-cpu-report")
 
@@ -112,12 +113,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadgroup":
         return None
     return Plan(config, log)
-
-
-def bare(nodeid: str) -> str:
-    """The test's own id, without xdist's `@group` suffix."""
-    at = nodeid.rfind("@")
-    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
 
 
 def group_of(nodeid: str) -> str | None:
@@ -352,13 +347,10 @@ class DurationStore:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         nodeid = bare(report.nodeid)
         self.seconds[nodeid] = self.seconds.get(nodeid, 0.0) + report.duration
-        for name, value in report.user_properties:
-            if name == CPU_PROPERTY and isinstance(value, int | float):
-                self.cpu[nodeid] = self.cpu.get(nodeid, 0.0) + value
+        if any(name == CPU_PROPERTY for name, _ in report.user_properties):
+            self.cpu[nodeid] = self.cpu.get(nodeid, 0.0) + report_cpu(report)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if hasattr(session.config, "workerinput"):
-            return  # a worker: the controller has every report
         kept = measured()
         for nodeid, seconds in self.seconds.items():
             cpu = self.cpu.get(nodeid)
