@@ -25,8 +25,9 @@ from tests.support.adversary import MB, rss
 from tests.support.daemons import RunningDaemon, free_port
 from tests.support.probe import Prober
 
-# Latencies and step times measured against the machine's load: run alone.
-pytestmark = [pytest.mark.faults, pytest.mark.alone]
+# Latencies measured against the machine's load: run alone (quiet: 0.1 of a core, slowloris
+# included; it may run beside another quiet test).
+pytestmark = [pytest.mark.faults, pytest.mark.alone, pytest.mark.quiet]
 
 SLOW_CLIENTS = 200
 SCRAPE_EVERY_S = 0.5

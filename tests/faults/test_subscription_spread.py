@@ -43,8 +43,9 @@ from tests.support.adversary import (
 from tests.support.daemons import RunningDaemon
 from tests.support.probe import Prober
 
-# Latencies and step times measured against the machine's load: run alone.
-pytestmark = [pytest.mark.faults, pytest.mark.alone]
+# Latencies measured against the machine's load: run alone (quiet: its adversary is light,
+# it may run beside another quiet test).
+pytestmark = [pytest.mark.faults, pytest.mark.alone, pytest.mark.quiet]
 
 CONNECTIONS = 340
 SUBSCRIPTIONS = 60

@@ -166,6 +166,7 @@ def test_succeeded_is_sent_only_where_asked(tmp_path: Path, daemons: Daemons) ->
     ("status", "delay_s"), [(500, 0.0), (200, 30.0)], ids=["answers-500", "times-out"]
 )
 @pytest.mark.alone  # the control plane's latency, measured against the machine's load
+@pytest.mark.quiet  # an idle daemon and a failing receiver: it may run beside another quiet test
 def test_a_failing_receiver_is_retried_with_backoff_then_given_up_and_the_daemon_unaffected(
     tmp_path: Path, daemons: Daemons, status: int, delay_s: float
 ) -> None:

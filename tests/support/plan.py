@@ -20,6 +20,11 @@ pyproject's addopts. This module is the plan those workers follow:
 - **`alone` runs last, by itself.** A test marked `alone` times something against load or
   needs the whole machine: it runs after every other test has finished, on one worker,
   with the others gone. Without xdist (`-p no:xdist`, `-n 0`) those tests still run last.
+- **`quiet` ones two at a time.** An `alone` test also marked `quiet` times the control
+  plane against an adversary of its own (a slowloris, a failing webhook receiver) but
+  adds little load itself (under 0.2 of a core, measured): once every other test has
+  finished, the quiet ones run on two workers side by side, then the other `alone` ones
+  on one.
 
 The scheduler keeps xdist's contract (xdist/scheduler/protocol.py): a worker runs a test
 only once it holds the next one (or is told to shut down), so each keeps two in hand.
@@ -38,6 +43,7 @@ import pytest
 from tests.support.cpu_report import CPU_PROPERTY, CpuReport, bare, cpu_seconds, report_cpu
 
 ALONE = "alone"
+QUIET = "quiet"
 #: Two local Slurm clusters at once clash (job 1 of each takes port 20001): the tests that
 #: start one (tests/conftest.py's `slurm` fixture) run one after another, in one group.
 SLURM_FIXTURE = "slurm"
@@ -81,6 +87,11 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{ALONE}: times something against load or needs the whole machine: runs after "
         "every other test, by itself",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{QUIET}: an `{ALONE}` test that adds little load itself: two run side by side, "
+        f"before the other `{ALONE}` ones",
+    )
     store = config.getoption("store_durations")
     report = config.getoption("cpu_report")
     if store or report:
@@ -95,11 +106,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`alone` tests last, and in a group of their own; the tests of a local Slurm one
-    after another (xdist adds `@group` to their ids: this runs before xdist's hook does)."""
+    """`alone` tests last (the `quiet` ones first among them), in groups of their own; the
+    tests of a local Slurm one after another (xdist adds `@group` to their ids: this runs
+    before xdist's hook does)."""
     alone = [item for item in items if item.get_closest_marker(ALONE)]
+    alone.sort(key=lambda item: item.get_closest_marker(QUIET) is None)
     for item in alone:
-        item.add_marker(pytest.mark.xdist_group(ALONE))
+        item.add_marker(pytest.mark.xdist_group(QUIET if item.get_closest_marker(QUIET) else ALONE))
     for item in items:
         if SLURM_FIXTURE in getattr(item, "fixturenames", ()) and item not in alone:
             item.add_marker(pytest.mark.xdist_group(SLURM_FIXTURE))
@@ -184,7 +197,8 @@ class Plan:
         self.lanes: set[Any] = set()  # the workers that take heavy pieces
         self.max_lanes = max(1, int(config.getoption("heavy_lanes") or 1))
         self.alone: list[int] = []
-        self.closer: Any = None  # the worker that runs the `alone` tests
+        self.quiet: list[int] = []
+        self.closers: list[Any] = []  # the (up to two) workers that run the `alone` tests
 
     # -- what DSession asks ------------------------------------------------------------
     @property
@@ -197,13 +211,13 @@ class Plan:
 
     @property
     def tests_finished(self) -> bool:
-        if not self.collection_is_completed or self.work or self.alone:
+        if not self.collection_is_completed or self.work or self.alone or self.quiet:
             return False
         return all(len(pending) < 2 for pending in self.node2pending.values())
 
     @property
     def has_pending(self) -> bool:
-        return bool(self.work or self.alone or any(self.node2pending.values()))
+        return bool(self.work or self.alone or self.quiet or any(self.node2pending.values()))
 
     def add_node(self, node: Any) -> None:
         assert node not in self.node2pending
@@ -234,14 +248,18 @@ class Plan:
         the crash xdist reports)."""
         pending = self.node2pending.pop(node)
         self.lanes.discard(node)
-        if node is self.closer:
-            self.closer = None
+        if node in self.closers:
+            self.closers.remove(node)
         crashed = None
         if pending:
             assert self.collection is not None
             crashed = self.collection[pending.pop(0)]
-            back = [i for i in pending if group_of(self.collection[i]) != ALONE]
-            self.alone = [i for i in pending if i not in back] + self.alone
+            by_group: dict[str | None, list[int]] = {}
+            for i in pending:
+                by_group.setdefault(group_of(self.collection[i]), []).append(i)
+            self.quiet = by_group.pop(QUIET, []) + self.quiet
+            self.alone = by_group.pop(ALONE, []) + self.alone
+            back = sorted(i for indices in by_group.values() for i in indices)
             if back:
                 self.work.insert(0, back)
         for other in self.nodes:
@@ -266,6 +284,7 @@ class Plan:
         for index, nodeid in enumerate(collection):
             pieces.setdefault(group_of(nodeid) or nodeid, []).append(index)
         self.alone = pieces.pop(ALONE, [])
+        self.quiet = pieces.pop(QUIET, [])
         known = measured()
         costs = {k: [guess(collection[i], known) for i in v] for k, v in pieces.items()}
         seconds = {k: sum(c.seconds for c in v) for k, v in costs.items()}
@@ -284,16 +303,44 @@ class Plan:
         if self.work:  # only heavy pieces are left, and the lanes are taken: it is done
             node.shutdown()
             return
-        # Nothing left but the `alone` group: one worker (the first to run dry) waits for
-        # the others to finish and leave, then runs it.
-        if self.alone and self.closer in (None, node):
-            self.closer = node
-            if len(self.node2pending) == 1:
-                self._send(node, self.alone)
-                self.alone = []
-                node.shutdown()
+        # Nothing left but the `alone` tests: the first two workers to run dry wait for
+        # the others to finish and leave; then each runs half of the quiet ones, side by
+        # side, and the first, once the second has left, the rest (by itself).
+        if not (self.alone or self.quiet):
+            node.shutdown()
             return
-        node.shutdown()
+        if node not in self.closers:
+            if self.closers and (len(self.closers) == 2 or not self.quiet):
+                node.shutdown()
+                return
+            self.closers.append(node)
+        if len(self.node2pending) > len(self.closers):
+            return  # others still running
+        if self.quiet:
+            if len(self.closers) == 2:
+                share, self.quiet = self._halves(self.quiet)
+                second = self.closers[1]
+                self._send(second, share)
+                self.closers.remove(second)
+                second.shutdown()
+            self._send(self.closers[0], self.quiet)
+            self.quiet = []
+        if len(self.node2pending) == 1:
+            if self.alone:
+                self._send(self.closers[0], self.alone)
+                self.alone = []
+            self.closers[0].shutdown()
+
+    def _halves(self, indices: list[int]) -> tuple[list[int], list[int]]:
+        """Two shares of about equal measured seconds: longest first, each to the
+        share that has less so far."""
+        assert self.collection is not None
+        known = measured()
+        seconds = {i: guess(self.collection[i], known).seconds for i in indices}
+        shares: tuple[list[int], list[int]] = ([], [])
+        for i in sorted(indices, key=lambda i: -seconds[i]):
+            min(shares, key=lambda share: sum(seconds[j] for j in share)).append(i)
+        return shares
 
     def _lane_free(self) -> bool:
         return len(self.lanes) < self.max_lanes
