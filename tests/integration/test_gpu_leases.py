@@ -24,6 +24,7 @@ from tests.support.runs import (
     FAST,
     ROOT,
     force_stop,
+    holder_spec,
     launch,
     nothing_left,
     ranks_of,
@@ -69,10 +70,11 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def test_two_runs_get_disjoint_gpus_and_a_third_is_refused_naming_the_holders(
-    daemon: RunningDaemon,
+    daemon: RunningDaemon, tmp_path: Path
 ) -> None:
-    first = launch(daemon, FAST, LONG, "gpus=4")
-    second = launch(daemon, FAST, LONG, "gpus=4")
+    holder = holder_spec(tmp_path)  # runs that only hold their GPUs: no torch in their ranks
+    first = launch(daemon, "gpus=4", config=holder)
+    second = launch(daemon, "gpus=4", config=holder)
     try:
         assert visible_devices(first) == {"0,1,2,3"}
         assert visible_devices(second) == {"4,5,6,7"}
@@ -81,12 +83,12 @@ def test_two_runs_get_disjoint_gpus_and_a_third_is_refused_naming_the_holders(
         line = refused(daemon, "gpus=1")
         assert line == (
             f"gpuctl: error: {daemon.address}: no GPUs for cpu-ddp on node0: needs 1 GPU(s), "
-            f"0 free: GPU 0-3 held by run {first} (cpu-ddp); GPU 4-7 held by run {second} "
-            "(cpu-ddp) [unavailable]"
+            f"0 free: GPU 0-3 held by run {first} (holder); GPU 4-7 held by run {second} "
+            "(holder) [unavailable]"
         )
         force_stop(daemon, first)
         assert status(daemon, first).run.gpus == []  # an ended run holds nothing
-        third = launch(daemon, FAST, LONG, "gpus=4")  # gets what the first gave back
+        third = launch(daemon, "gpus=4", config=holder)  # gets what the first gave back
         assert visible_devices(third) == {"0,1,2,3"}
         force_stop(daemon, third)
     finally:
@@ -95,7 +97,7 @@ def test_two_runs_get_disjoint_gpus_and_a_third_is_refused_naming_the_holders(
 
 
 def test_a_foreign_process_keeps_its_gpu_out_of_every_lease(
-    daemons: Daemons, sleeper: subprocess.Popen[bytes]
+    daemons: Daemons, sleeper: subprocess.Popen[bytes], tmp_path: Path
 ) -> None:
     daemon = daemons(extra=("--simulate-foreign", f"2:{sleeper.pid}"))
     line = refused(daemon, "gpus=[2]")
@@ -104,7 +106,7 @@ def test_a_foreign_process_keeps_its_gpu_out_of_every_lease(
         f"GPU 2 held by pid {sleeper.pid} (python"
     ), line
     assert line.endswith(") outside gpud [unavailable]"), line
-    run_id = launch(daemon, FAST, LONG, "gpus=4")
+    run_id = launch(daemon, "gpus=4", config=holder_spec(tmp_path))
     try:
         assert visible_devices(run_id) == {"0,1,3,4"}
         report = gpuctl("--node", daemon.address, "hw")
@@ -114,7 +116,7 @@ def test_a_foreign_process_keeps_its_gpu_out_of_every_lease(
             for line in report.stdout.splitlines()
             if line[:1].isdigit() and "GPU-" in line
         }
-        assert all(rows[i].endswith(f"{run_id} (cpu-ddp)") for i in "0134"), rows
+        assert all(rows[i].endswith(f"{run_id} (holder)") for i in "0134"), rows
         assert rows["2"].endswith(") outside gpud") and f"pid {sleeper.pid} (" in rows["2"]
         assert all(rows[i].endswith(" -") for i in "567"), rows
     finally:
@@ -261,7 +263,8 @@ def test_a_gpu_that_fails_its_preflight_is_left_out_of_the_attempt(
         return bool(json.loads(done.stdout)["nodes"][0]["gpus"][0]["xid"]["total"])
 
     until("GPU 0's XID in the snapshot", xid_seen, timeout=10)
-    run_id = launch(daemon, FAST, LONG, "gpus=2")
+    holder = holder_spec(tmp_path)  # runs that only hold their GPUs: no torch in their ranks
+    run_id = launch(daemon, "gpus=2", config=holder)
     s = status(daemon, run_id)
     assert s.attempts[0].gpus == [1, 2], s.attempts[0]
     assert [e.message for e in s.events if e.kind == "preflight"] == [
@@ -271,6 +274,6 @@ def test_a_gpu_that_fails_its_preflight_is_left_out_of_the_attempt(
     line = refused(daemon, "gpus=[0]")
     assert "GPU 0" in line and "failed its preflight: XID 92" in line, line
     force_stop(daemon, run_id)
-    unchecked = launch(daemon, FAST, LONG, "gpus=[0]", "preflight=false")
+    unchecked = launch(daemon, "gpus=[0]", "preflight=false", config=holder)
     assert status(daemon, unchecked).attempts[0].gpus == [0]
     force_stop(daemon, unchecked)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gpud.runmodel import RunState
 from tests.support.daemons import RunningDaemon, gpuctl
@@ -15,6 +16,7 @@ from tests.support.runs import (
     FAST,
     ROOT,
     force_stop,
+    holder_spec,
     launch,
     nothing_left,
     status,
@@ -27,10 +29,12 @@ CONFIG = str(ROOT / "config/examples/cpu-ddp.yaml")
 Daemons = Callable[..., RunningDaemon]
 
 
-def queue_launch(daemon: RunningDaemon, *sets: str, nodes: tuple[str, ...] = ()) -> str:
+def queue_launch(
+    daemon: RunningDaemon, *sets: str, nodes: tuple[str, ...] = (), config: str = CONFIG
+) -> str:
     """`gpuctl launch --queue`, as a person types it; returns the run id."""
     args = [a for node in (nodes or (daemon.address,)) for a in ("--node", node)]
-    args += ["launch", CONFIG, "--queue"]
+    args += ["launch", config, "--queue"]
     for s in sets:
         args += ["--set", s]
     result = gpuctl(*args)
@@ -60,17 +64,20 @@ def gpus_column(daemon: RunningDaemon, run_id: str) -> str:
     return ps(daemon)[run_id][4]
 
 
-def test_a_third_run_waits_in_the_queue_then_gets_the_freed_gpus(daemon: RunningDaemon) -> None:
-    first = launch(daemon, FAST, LONG, "gpus=4")
-    second = launch(daemon, FAST, LONG, "gpus=4")
-    third = queue_launch(daemon, FAST, LONG, "gpus=4")
-    fourth = queue_launch(daemon, FAST, LONG, "gpus=2")
+def test_a_third_run_waits_in_the_queue_then_gets_the_freed_gpus(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    holder = holder_spec(tmp_path)  # runs that only hold their GPUs: no torch in their ranks
+    first = launch(daemon, "gpus=4", config=holder)
+    second = launch(daemon, "gpus=4", config=holder)
+    third = queue_launch(daemon, "gpus=4", config=str(holder))
+    fourth = queue_launch(daemon, "gpus=2", config=str(holder))
     try:
         assert state_column(daemon, third) == "queued #1"
         assert state_column(daemon, fourth) == "queued #2"
         assert gpus_column(daemon, third) == "-"  # a queued run holds nothing
         reason = status(daemon, third).run.reason or ""
-        assert f"GPU 0-3 held by run {first} (cpu-ddp)" in reason, reason
+        assert f"GPU 0-3 held by run {first} (holder)" in reason, reason
         # First come, first served: a later launch does not jump the queue.
         late = gpuctl("--node", daemon.address, "launch", CONFIG, "--set", "gpus=1")
         assert late.returncode == 1 and "queued run(s) ahead" in late.stderr, late.stderr
@@ -97,12 +104,14 @@ def test_a_third_run_waits_in_the_queue_then_gets_the_freed_gpus(daemon: Running
     assert all(r["gpus"] == [] for r in listed)
 
 
-def test_a_resume_waits_in_the_queue_when_its_gpus_are_busy(daemon: RunningDaemon) -> None:
+def test_a_resume_waits_in_the_queue_when_its_gpus_are_busy(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
     first = launch(daemon, FAST, LONG, "gpus=all")
     wait_for_step(daemon, first, 3)
     stopped = gpuctl("--node", daemon.address, "stop", first)  # checkpoints on the way out
     assert stopped.returncode == 0, stopped.stderr
-    other = launch(daemon, FAST, LONG, "gpus=1")
+    other = launch(daemon, "gpus=1", config=holder_spec(tmp_path))
     try:
         refused = gpuctl("--node", daemon.address, "resume", first)
         assert refused.returncode == 1 and "needs 8 GPU(s), 7 free" in refused.stderr
@@ -119,14 +128,18 @@ def test_a_resume_waits_in_the_queue_when_its_gpus_are_busy(daemon: RunningDaemo
     force_stop(daemon, first)
 
 
-def test_two_multi_node_runs_queued_on_two_daemons_both_finish(daemons: Daemons) -> None:
+def test_two_multi_node_runs_queued_on_two_daemons_both_finish(
+    daemons: Daemons, tmp_path: Path
+) -> None:
     n0, n1 = daemons(node="n0"), daemons(node="n1")
     both = (n0.address, n1.address)
     whole = ("gpus=8", "nproc_per_node=1")
-    blocker = launch(n1, FAST, LONG, *whole)
-    # Two runs that each need every GPU of both nodes, coordinated from different nodes.
-    a = queue_launch(n0, FAST, "training.max_steps=40", *whole, nodes=both)
-    b = queue_launch(n1, FAST, "training.max_steps=40", *whole, nodes=both[::-1])
+    blocker = launch(n1, *whole, config=holder_spec(tmp_path, nproc=1))
+    # Two runs that each need every GPU of both nodes, coordinated from different nodes;
+    # each ends well 3 s after its ranks started.
+    brief = str(holder_spec(tmp_path, nproc=1, seconds=3))
+    a = queue_launch(n0, *whole, nodes=both, config=brief)
+    b = queue_launch(n1, *whole, nodes=both[::-1], config=brief)
     try:
         time.sleep(3)  # queue rounds on both coordinators: neither may hold anything
         assert status(n0, a).run.state is RunState.QUEUED

@@ -9,8 +9,18 @@ from pathlib import Path
 
 import psutil
 
-from gpud.client import Client
-from gpud.protocol import RUN_HEALTH, RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef, RunStatus
+from gpud.client import Client, ClientError
+from gpud.protocol import (
+    RUN_HEALTH,
+    RUN_METRICS,
+    RUN_STATUS,
+    Method,
+    MetricsRequest,
+    ReplyT,
+    RequestT,
+    RunRef,
+    RunStatus,
+)
 from gpud.runmodel import HealthSummary, RunState
 from gpud.runs import procs
 from tests.support.daemons import RunningDaemon, gpuctl
@@ -22,6 +32,28 @@ CPU_DDP = ROOT / "config" / "examples" / "cpu-ddp.yaml"
 #: it (a rank's step took ~13 ms of CPU with the suite running beside it), and no run races
 #: past the step a test acts at because the machine happened to be idle.
 FAST = "args=[--width, '128', --depth, '2', --log-every, '5', --step-ms, '100']"
+
+
+#: Ranks that only hold what a run holds (its GPUs, its place in the queue) until stopped:
+#: real torchrun, a real process per rank, but no torch in them (a training rank's start
+#: costs ~2.4 s of CPU, mostly `import torch`; a holder's ~0.05 s).
+HOLDER = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("holding", flush=True)
+while True:
+    time.sleep(0.5)
+"""
+
+
+def holder_spec(tmp_path: Path, nproc: int = 2, seconds: float | None = None) -> Path:
+    """A torchrun run named `holder` whose ranks hold until stopped (`HOLDER`), or, given
+    `seconds`, end well that long after they started (`holder-for-N`)."""
+    if seconds is None:
+        return script_spec(tmp_path, HOLDER, name="holder", launcher="torchrun", nproc=nproc)
+    code = HOLDER.replace("while True:\n    time.sleep(0.5)", f"time.sleep({seconds})")
+    name = f"holder-for-{seconds:g}"
+    return script_spec(tmp_path, code, name=name, launcher="torchrun", nproc=nproc)
 
 
 def script_spec(
@@ -67,19 +99,22 @@ def launch(
     return str(json.loads(result.stdout)["run"]["id"])
 
 
+def polled(daemon: RunningDaemon, method: Method[RequestT, ReplyT], body: RequestT) -> ReplyT:
+    """One call on the daemon's polling client (kept open: tests poll these many times)."""
+    try:
+        return daemon.polling_client().call(method, body)
+    except ClientError:
+        daemon.forget_polling_client()
+        raise
+
+
 def status(daemon: RunningDaemon, run_id: str) -> RunStatus:
-    with Client(daemon.target(), timeout_s=5) as client:
-        reply = client.call(RUN_STATUS, RunRef(run=run_id))
-    assert isinstance(reply, RunStatus)
-    return reply
+    return polled(daemon, RUN_STATUS, RunRef(run=run_id))
 
 
 def health(daemon: RunningDaemon, run_id: str) -> HealthSummary:
     """What `gpuctl health` reads: the daemon's latest summary."""
-    with Client(daemon.target(), timeout_s=5) as client:
-        reply = client.call(RUN_HEALTH, RunRef(run=run_id))
-    assert isinstance(reply, HealthSummary)
-    return reply
+    return polled(daemon, RUN_HEALTH, RunRef(run=run_id))
 
 
 def wait_for(
