@@ -19,6 +19,7 @@ from tests.support.runs import (
     ROOT,
     assert_no_gap,
     force_stop,
+    holder_spec,
     kill_rank,
     launch,
     nothing_left,
@@ -270,7 +271,7 @@ def test_an_xid_on_the_runs_gpu_just_before_it_failed_makes_it_a_hardware_failur
 ) -> None:
     xids = tmp_path / "xids"
     daemon = daemons(extra=("--simulate-xid-file", str(xids)))
-    other = launch(daemon, FAST, "training.max_steps=100000", "gpus=[0, 1]")
+    other = launch(daemon, "gpus=[0, 1]", config=holder_spec(tmp_path))  # no torch in it
     run_id = launch(daemon, FAST, "training.max_steps=100000", "gpus=[2, 3]")
     wait_for_step(daemon, run_id, 3)
     # XID 43 (the GPU stopped processing) does not quarantine (79 would: gpud.heal stops

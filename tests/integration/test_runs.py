@@ -18,6 +18,7 @@ from tests.support.runs import (
     CPU_DDP,
     FAST,
     ROOT,
+    holder_spec,
     kill_rank,
     launch,
     nothing_left,
@@ -278,9 +279,10 @@ def test_run_commands_with_unknown_runs_fail_in_one_line(daemon: RunningDaemon) 
         assert result.stderr.strip() == f"gpuctl: error: no run 'no-such-run' on {daemon.address}"
 
 
-def test_free_port_is_never_shared_by_two_runs(daemon: RunningDaemon) -> None:
-    a = launch(daemon, FAST, "training.max_steps=100000", "name=a")
-    b = launch(daemon, FAST, "training.max_steps=100000", "name=b")
+def test_free_port_is_never_shared_by_two_runs(daemon: RunningDaemon, tmp_path: Path) -> None:
+    holder = holder_spec(tmp_path)  # torchrun runs whose ranks only hold: no torch in them
+    a = launch(daemon, "name=a", config=holder)
+    b = launch(daemon, "name=b", config=holder)
     pa = status(daemon, a).attempts[0].master_port
     pb = status(daemon, b).attempts[0].master_port
     assert pa != pb

@@ -4,26 +4,27 @@ mapped back to its run and rank."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpud.client import Client
 from tests.support.daemons import RunningDaemon
-from tests.support.runs import FAST, launch, ranks_of, wait_for
+from tests.support.runs import holder_spec, launch, ranks_of, wait_for
 from tests.tui.screen import screen_text
 from tests.tui.test_live import flat, settle, watch
 from tui.app import GpuTop
 from tui.screens.node import NodeScreen
 
-LONG = "training.max_steps=100000"
-
 
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_the_node_screen_shows_each_gpus_run_and_maps_processes_to_ranks(
-    daemon: RunningDaemon,
+    daemon: RunningDaemon, tmp_path: Path
 ) -> None:
-    first = launch(daemon, FAST, LONG, "gpus=4")
-    second = launch(daemon, FAST, LONG, "gpus=4")
+    holder = holder_spec(tmp_path)  # torchrun runs whose ranks only hold: no torch in them
+    first = launch(daemon, "gpus=4", config=holder)
+    second = launch(daemon, "gpus=4", config=holder)
     model, feed, key = watch(daemon)
     app = GpuTop(model, feed, refresh_s=0.3)
     try:
@@ -62,7 +63,7 @@ async def test_the_node_screen_shows_each_gpus_run_and_maps_processes_to_ranks(
                 await pilot.press("down")
             await pilot.pause(1.0)
             text = flat(screen_text(app))
-            assert f"GPU 5 · NVIDIA H100 80GB HBM3 SIMULATED leased to {second} (cpu-ddp)" in text
+            assert f"GPU 5 · NVIDIA H100 80GB HBM3 SIMULATED leased to {second} (holder)" in text
             assert f"pid {pid} " in text and f"→ {second} rank 1 (local 1)" in text, text
     finally:
         for run_id in (first, second):
