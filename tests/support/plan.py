@@ -1,7 +1,7 @@
 """How the suite is spread over pytest-xdist's workers (README, Development).
 
 The tests spend most of their time waiting on real processes (a daemon to start, a rank to
-train, a node to be called lost), so several run side by side: `-n 3 --dist loadgroup` in
+train, a node to be called lost), so several run side by side: `-n 4 --dist loadgroup` in
 pyproject's addopts. This module is the plan those workers follow:
 
 - **Longest first.** Work goes out longest first, by `tests/durations.json` (the last
@@ -17,6 +17,10 @@ pyproject's addopts. This module is the plan those workers follow:
   cores made timing-sensitive ones (a 5 s hang timeout, a 10 s lost node) fail. A long
   test that was measured to cost under LIGHT_CPU_S of CPU (it waits: an idle client for
   100 s, a receiver that times out) is light: it waits beside the heavy ones.
+- **Waiting work in a lane of its own.** A heavy piece measured at under WAITING_RATE of
+  a core on average (real ranks, but mostly waiting: a local Slurm's jobs, a daemon
+  killed and restarted, a disk that fills) takes a waiting lane (`--waiting-lanes`, 1),
+  beside the two heavy lanes, instead of holding one of them for minutes.
 - **`alone` runs last, by itself.** A test marked `alone` times something against load or
   needs the whole machine: it runs after every other test has finished, on one worker,
   with the others gone. Without xdist (`-p no:xdist`, `-n 0`) those tests still run last.
@@ -58,6 +62,8 @@ HEAVY_S = 8.0
 #: ... unless it was measured to cost less CPU than this, its processes' included (CPU a
 #: test's tree did not reap, as a Slurm job's, is not counted: the bar is low).
 LIGHT_CPU_S = 2.0
+#: ... and a heavy piece measured at under this many cores on average mostly waits.
+WAITING_RATE = 0.5
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,6 +84,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=2,
         help="how many xdist workers may run heavy tests (real ranks) at once (default 2)",
+    )
+    parser.addoption(
+        "--waiting-lanes",
+        type=int,
+        default=1,
+        help="how many more workers may run heavy tests that mostly wait (under "
+        f"{WAITING_RATE} of a core, measured) beside the heavy lanes (default 1)",
     )
 
 
@@ -178,11 +191,22 @@ def heavy(costs: Sequence[Cost]) -> bool:
     return any(cpu is None for cpu in cpus) or sum(c for c in cpus if c) >= LIGHT_CPU_S
 
 
+def waiting(costs: Sequence[Cost]) -> bool:
+    """Whether a heavy piece mostly waits (measured under WAITING_RATE cores on average):
+    it may take a waiting lane."""
+    if any(c.cpu is None for c in costs):
+        return False
+    seconds = sum(c.seconds for c in costs)
+    return sum(c.cpu or 0.0 for c in costs) < WAITING_RATE * seconds
+
+
 class Plan:
     """An xdist scheduler: pieces of work (a test, or a group) longest first; the `alone`
     group held back until every other worker has finished, then run on the last one."""
 
-    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+    def __init__(
+        self, config: pytest.Config, log: Any = None, known: dict[str, Cost] | None = None
+    ) -> None:
         from xdist.remote import Producer
         from xdist.workermanage import parse_tx_spec_config
 
@@ -194,11 +218,15 @@ class Plan:
         self.collection: list[str] | None = None
         self.work: list[list[int]] = []  # pieces not yet handed out, longest first
         self.heavy: set[int] = set()  # the first index of each heavy piece
+        self.waiting: set[int] = set()  # ... of those that mostly wait
         self.lanes: set[Any] = set()  # the workers that take heavy pieces
+        self.waiting_lanes: set[Any] = set()  # ... and those that take the waiting ones
         self.max_lanes = max(1, int(config.getoption("heavy_lanes") or 1))
+        self.max_waiting_lanes = max(0, int(config.getoption("waiting_lanes") or 0))
         self.alone: list[int] = []
         self.quiet: list[int] = []
         self.closers: list[Any] = []  # the (up to two) workers that run the `alone` tests
+        self.known = known  # what each test cost (None: tests/durations.json)
 
     # -- what DSession asks ------------------------------------------------------------
     @property
@@ -248,6 +276,7 @@ class Plan:
         the crash xdist reports)."""
         pending = self.node2pending.pop(node)
         self.lanes.discard(node)
+        self.waiting_lanes.discard(node)
         if node in self.closers:
             self.closers.remove(node)
         crashed = None
@@ -285,12 +314,13 @@ class Plan:
             pieces.setdefault(group_of(nodeid) or nodeid, []).append(index)
         self.alone = pieces.pop(ALONE, [])
         self.quiet = pieces.pop(QUIET, [])
-        known = measured()
+        known = self._known()
         costs = {k: [guess(collection[i], known) for i in v] for k, v in pieces.items()}
         seconds = {k: sum(c.seconds for c in v) for k, v in costs.items()}
         # Longest first; among equals, in the order collected (sorted() is stable).
         self.work = [pieces[k] for k in sorted(pieces, key=lambda k: -seconds[k])]
         self.heavy = {pieces[k][0] for k in pieces if heavy(costs[k])}
+        self.waiting = {pieces[k][0] for k in pieces if heavy(costs[k]) and waiting(costs[k])}
 
     def _hand_out(self, node: Any) -> None:
         if node.shutting_down or node not in self.node2collection:
@@ -335,22 +365,33 @@ class Plan:
         """Two shares of about equal measured seconds: longest first, each to the
         share that has less so far."""
         assert self.collection is not None
-        known = measured()
+        known = self._known()
         seconds = {i: guess(self.collection[i], known).seconds for i in indices}
         shares: tuple[list[int], list[int]] = ([], [])
         for i in sorted(indices, key=lambda i: -seconds[i]):
             min(shares, key=lambda share: sum(seconds[j] for j in share)).append(i)
         return shares
 
+    def _known(self) -> dict[str, Cost]:
+        return self.known if self.known is not None else measured()
+
     def _lane_free(self) -> bool:
         return len(self.lanes) < self.max_lanes
 
+    def _waiting_lane_free(self) -> bool:
+        return len(self.waiting_lanes) < self.max_waiting_lanes
+
     def _next_piece(self, node: Any) -> list[int] | None:
-        """The longest piece this worker may take: a lane any, another a light one."""
+        """The longest piece this worker may take: a heavy lane any, a waiting lane a
+        waiting or a light one, another a light one (or it becomes a lane, if one is free)."""
         for at, piece in enumerate(self.work):
             if piece[0] not in self.heavy:
                 return self.work.pop(at)
-            if node in self.lanes or self._lane_free():
+            may_wait = node in self.waiting_lanes or self._waiting_lane_free()
+            if piece[0] in self.waiting and node not in self.lanes and may_wait:
+                self.waiting_lanes.add(node)
+                return self.work.pop(at)
+            if node in self.lanes or (node not in self.waiting_lanes and self._lane_free()):
                 self.lanes.add(node)
                 return self.work.pop(at)
         return None

@@ -59,12 +59,17 @@ class _Worker:
         self.shutting_down = True
 
 
-def _session(collection: list[str], workers: int = 3) -> list[tuple[int, str, str]]:
+def _session(
+    collection: list[str], workers: int = 3, known: dict[str, Cost] | None = None
+) -> list[tuple[int, str, str]]:
     """The plan driven as xdist's DSession drives it, each worker running one test a
     round and only a test it holds the next one of (or shuts down after): (round, worker,
-    test) as each test starts."""
-    config = SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], getoption=lambda name: 2)
-    plan = Plan(config)  # type: ignore[arg-type]
+    test) as each test starts. Two heavy lanes, one waiting lane."""
+    options = {"heavy_lanes": 2, "waiting_lanes": 1}
+    config = SimpleNamespace(
+        getvalue=lambda name: [f"{workers}*popen"], getoption=options.__getitem__
+    )
+    plan = Plan(config, known=known or {})  # type: ignore[arg-type]
     nodes = [_Worker(f"gw{i}") for i in range(workers)]
     for node in nodes:
         plan.add_node(node)
@@ -116,3 +121,23 @@ def test_without_quiet_tests_the_alone_ones_run_last_on_one_worker() -> None:
     assert len(started) == 8
     assert min(when[t][0] for t in loud) > max(when[t][0] for t in main)
     assert len({when[t][1] for t in loud}) == 1
+
+
+def test_at_most_two_heavy_pieces_at_once_and_one_that_waits_beside_them() -> None:
+    heavy_ = [f"tests/faults/h.py::h{i}" for i in range(4)]
+    waits = [f"tests/faults/w.py::w{i}" for i in range(3)]
+    light = [f"tests/unit/t.py::t{i}" for i in range(12)]
+    known = {t: Cost(40.0, 30.0) for t in heavy_} | {t: Cost(30.0, 3.0) for t in waits}
+    started = _session(heavy_ + waits + light, workers=4, known=known)
+    assert sorted(t for _, _, t in started) == sorted(heavy_ + waits + light)
+    ticks = {tick for tick, _, _ in started}
+    at = {tick: [t for s, _, t in started if s == tick] for tick in ticks}
+    assert max(sum(t in heavy_ for t in now) for now in at.values()) == 2
+    assert max(sum(t in waits for t in now) for now in at.values()) == 1
+    # A waiting piece ran beside both heavy lanes, on a worker of its own.
+    assert any(sum(t in heavy_ for t in now) == 2 and any(t in waits for t in now)
+               for now in at.values())  # fmt: skip
+    # The waiting lane takes no heavy piece (a heavy lane may take a waiting one).
+    workers = {t: w for _, w, t in started}
+    lane = workers[waits[0]]
+    assert lane not in {workers[t] for t in heavy_}
