@@ -59,6 +59,7 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., RunningDaemon]]:
 
     yield start
     for daemon in started:
+        daemon.close_clients()  # those of a daemon the test killed too
         if daemon.proc.poll() is None:
             code = daemon.stop()
             assert code == 0, f"gpud exited {code} on SIGTERM:\n{daemon.log()}"

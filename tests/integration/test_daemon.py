@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from gpud.client import RequestFailed
 from gpud.snapshot import NodeSnapshot
 from gpud.statedir import held_by
-from tests.support.daemons import RunningDaemon, free_port, spawn_daemon
+from tests.support.daemons import RunningDaemon, free_port, spawn_daemon, start_daemon
+from tests.support.runs import status
 
 
 def test_snapshots_arrive_on_the_events_socket(daemon: RunningDaemon) -> None:
@@ -188,3 +190,24 @@ def test_node_info_says_what_the_daemons_cpu_went_to(daemon: RunningDaemon) -> N
     assert later.cpu_seconds is not None and first.cpu_seconds is not None
     charged = sum(later.cpu_by_component.values())
     assert 0 < charged <= later.cpu_seconds, (charged, later.cpu_seconds)
+
+
+def test_the_clients_kept_for_polls_go_with_a_daemon_the_test_killed(tmp_path: Path) -> None:
+    """The tests' own hygiene: the polling client kept for a daemon that a test killed is
+    closed with it, so the test process does not run out of descriptors tests later."""
+
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    daemon = start_daemon(tmp_path)  # its readiness check made the process's zmq context
+    before = descriptors()
+    with pytest.raises(RequestFailed):
+        status(daemon, "no-such-run")  # the kept client answered: an error reply
+    daemon.polling_client()  # kept: the same one
+    daemon.proc.send_signal(signal.SIGKILL)
+    daemon.proc.wait(timeout=10)
+    daemon.close_clients()
+    deadline = time.monotonic() + 5
+    while descriptors() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert descriptors() <= before, os.listdir("/proc/self/fd")

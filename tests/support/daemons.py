@@ -99,11 +99,17 @@ class RunningDaemon:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+    def close_clients(self) -> None:
+        """Close every client made with `client()`, the polling ones too (a client left
+        open to a daemon that was killed keeps its sockets, and the test process runs out
+        of descriptors some tests later)."""
         for client in self.clients:
             client.close()
         self.clients.clear()
         self._polling.clear()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        self.close_clients()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
