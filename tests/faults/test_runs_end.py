@@ -97,8 +97,9 @@ def test_a_daemon_killed_mid_run_and_restarted_loses_nothing(daemons: Daemons, v
     total = 300  # 30 s paced: long enough to outlive the daemon restart on a busy machine
     launched = time.monotonic()
     run_id = launch(
-        nodes[0], FAST, f"training.max_steps={total}", nodes=(nodes[0].address, nodes[1].address)
-    )
+        nodes[0], FAST, f"training.max_steps={total}", "nproc_per_node=1",
+        nodes=(nodes[0].address, nodes[1].address),
+    )  # fmt: skip
     wait_for_step(nodes[0], run_id, 10)
     to_step_10 = time.monotonic() - launched
     kill_daemon(nodes[victim])
@@ -198,7 +199,7 @@ def test_a_node_killed_whole_ends_the_run_within_the_lost_timeout(daemons: Daemo
     sockets, so node 0's gloo ranks may abort before the lost timeout runs out: either
     way the run ends failed within lost_after_s + 10 s and node 1's part ends lost."""
     node0, node1 = two_nodes(daemons)
-    run_id = long_two_node_run(node0, node1, "lost_after_s=5")
+    run_id = long_two_node_run(node0, node1, "lost_after_s=5", "nproc_per_node=1")
     kill_node(node1, run_id, node_rank=1)
     killed_at = time.monotonic()
     s0 = wait_for(node0, run_id, {"failed", "stopped", "succeeded"}, timeout=60)
@@ -221,7 +222,7 @@ def test_a_frozen_node_is_lost_and_node0_stops_its_own_hanging_ranks(daemons: Da
     daemon and ranks are frozen with SIGSTOP, so node 0's ranks hang in gloo instead of
     erroring. Node 0 must call node 1 lost after lost_after_s and stop its own part."""
     node0, node1 = two_nodes(daemons)
-    run_id = long_two_node_run(node0, node1, "lost_after_s=5")
+    run_id = long_two_node_run(node0, node1, "lost_after_s=5", "nproc_per_node=1")
     frozen = [psutil.Process(node1.proc.pid), *part_processes(node1, run_id, 1)]
     try:
         procs.send(frozen, signal.SIGSTOP)
@@ -243,7 +244,7 @@ def test_a_frozen_node_is_lost_and_node0_stops_its_own_hanging_ranks(daemons: Da
 
 def test_a_forced_stop_returns_within_15s_when_a_node_is_gone(daemons: Daemons) -> None:
     node0, node1 = two_nodes(daemons)
-    run_id = long_two_node_run(node0, node1)
+    run_id = long_two_node_run(node0, node1, "nproc_per_node=1")
     kill_node(node1, run_id, node_rank=1)
     started = time.monotonic()
     stop = gpuctl("--node", node0.address, "stop", run_id, "--force", timeout=60)
@@ -263,6 +264,7 @@ def test_a_restart_after_a_lost_node_waits_for_it_then_finishes(daemons: Daemons
         node0,
         FAST,
         "training.max_steps=80",
+        "nproc_per_node=1",
         "lost_after_s=3",
         "restart.max_attempts=1",
         "restart.backoff_s=0.5",

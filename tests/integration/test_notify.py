@@ -129,7 +129,8 @@ def test_only_node_0_alerts_about_a_run_of_two_nodes(tmp_path: Path, daemons: Da
         node0 = daemons(node="n0", simulate_gpus=None, extra=("--config", str(config)))
         node1 = daemons(node="n1", simulate_gpus=None, extra=("--config", str(config)))
         run_id = launch(
-            node0, FAST, "training.max_steps=100000", "env.GPUD_TEST_RAISE_RANK=3",
+            node0, FAST, "training.max_steps=100000", "nproc_per_node=1",
+            "env.GPUD_TEST_RAISE_RANK=1",
             "env.GPUD_TEST_RAISE_AT_STEP=4", "env.GPUD_TEST_RAISE_MESSAGE='bad shard 17'",
             nodes=(node0.address, node1.address),
         )  # fmt: skip
@@ -140,7 +141,7 @@ def test_only_node_0_alerts_about_a_run_of_two_nodes(tmp_path: Path, daemons: Da
         assert hook.count() == 1, hook.bodies()
         alert = got.body
         assert alert["node"] == "n0" and alert["run"]["nodes"] == 2
-        assert alert["text"].startswith("rank 3 on node n1: ValueError: bad shard 17"), alert
+        assert alert["text"].startswith("rank 1 on node n1: ValueError: bad shard 17"), alert
         assert alert["look"] == f"gpuctl --node {node0.address} status {run_id}"
         nothing_left(run_id)
 
