@@ -34,32 +34,6 @@ def steps_by_attempt(reply: dict[str, Any]) -> dict[int, list[int]]:
     return out
 
 
-def test_every_step_reaches_the_history_once(daemon: RunningDaemon) -> None:
-    run_id = launch(daemon, FAST, "training.max_steps=80")
-    wait_for(daemon, run_id, {"succeeded"})
-    reply = metrics(daemon, run_id)
-    assert steps_by_attempt(reply) == {1: list(range(80))}
-    assert all("loss" in row["values"] for row in reply["rows"])
-    table = gpuctl("--node", daemon.address, "metrics", run_id).stdout.splitlines()
-    assert table[0].split()[:2] == ["ATTEMPT", "STEP"] and "LOSS" in table[0]
-    assert len(table) == 1 + 80  # a header and one row per step
-
-
-def test_stop_and_resume_leave_no_duplicated_or_missing_step(daemon: RunningDaemon) -> None:
-    run_id = launch(daemon, FAST, "training.max_steps=150")
-    wait_for_step(daemon, run_id, 30)
-    assert gpuctl("--node", daemon.address, "stop", run_id, timeout=120).returncode == 0
-    stopped_at = status(daemon, run_id).run.last_checkpoint
-    assert stopped_at is not None and stopped_at.step is not None and stopped_at.step < 120
-    assert gpuctl("--node", daemon.address, "resume", run_id).returncode == 0
-    wait_for(daemon, run_id, {"succeeded"})
-    reply = metrics(daemon, run_id)
-    by_attempt = steps_by_attempt(reply)
-    assert by_attempt[1] == list(range(stopped_at.step + 1))
-    assert by_attempt[2] == list(range(stopped_at.step + 1, 150))
-    assert reply["resumed_at"] == [stopped_at.step + 1]
-
-
 def test_metrics_missed_while_gpud_was_down_are_backfilled(
     daemons: Callable[..., RunningDaemon],
 ) -> None:

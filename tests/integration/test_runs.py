@@ -13,6 +13,7 @@ import torch
 
 from gpud.runmodel import CauseKind
 from gpud.runs.attempt_log import AttemptLog
+from tests.integration.test_health import metrics, steps_by_attempt
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     CPU_DDP,
@@ -148,46 +149,48 @@ def test_two_daemons_run_one_two_node_job(daemons: Callable[..., RunningDaemon])
     nothing_left(run_id)
 
 
-def test_stop_checkpoints_and_resume_continues_from_its_step(daemon: RunningDaemon) -> None:
-    run_id = launch(daemon, FAST, "training.max_steps=2000")
-    wait_for_step(daemon, run_id, 20)
-    stop = gpuctl("--node", daemon.address, "stop", run_id, timeout=120)
-    assert stop.returncode == 0, stop.stderr
-    stopped = status(daemon, run_id)
-    assert stopped.run.state.value == "stopped"
-    checkpoint = stopped.run.last_checkpoint
-    assert checkpoint is not None and Path(checkpoint.path).exists()
-    assert checkpoint.step is not None
-    assert checkpoint.step == stopped.run.last_step  # the step it stopped after
-    nothing_left(run_id)
-    assert "stopped at step" in gpuctl("--node", daemon.address, "logs", run_id).stdout
-    resumed = gpuctl("--node", daemon.address, "--json", "resume", run_id)
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["run"]["attempt"] == 2
-    wait_for_step(daemon, run_id, checkpoint.step + 5)
-    logs = gpuctl("--node", daemon.address, "logs", run_id, "--rank", "0").stdout
-    assert f"resumed from {checkpoint.path} at step {checkpoint.step + 1}" in logs
-    s = status(daemon, run_id)
-    assert s.attempts[-1].resume_from == checkpoint.path
-    stop = gpuctl("--node", daemon.address, "stop", run_id, "--force", timeout=60)
-    assert stop.returncode == 0
-    nothing_left(run_id)
-
-
 def test_stopped_run_ended_the_same_as_an_uninterrupted_one(daemon: RunningDaemon) -> None:
-    """Exact resume: stop at step k, resume, and the final weights equal a straight run's."""
+    """Exact resume: stop at step k (a checkpoint of step k, nothing left running), resume
+    from it at step k + 1, and the run ends with every step in its history once and the
+    final weights of a straight run, whose history has every step once too."""
     steps = 150
     # Side by side, on GPUs of their own (the daemon has 8): the same seed, the same data.
     straight = launch(daemon, FAST, f"training.max_steps={steps}", "name=straight")
     interrupted = launch(daemon, FAST, f"training.max_steps={steps}", "name=interrupted")
     wait_for_step(daemon, interrupted, 20)
     assert gpuctl("--node", daemon.address, "stop", interrupted, timeout=120).returncode == 0
-    checkpoint = status(daemon, interrupted).run.last_checkpoint
+    stopped = status(daemon, interrupted)
+    assert stopped.run.state.value == "stopped"
+    checkpoint = stopped.run.last_checkpoint
     assert checkpoint is not None and checkpoint.step is not None
+    assert Path(checkpoint.path).exists()
+    assert checkpoint.step == stopped.run.last_step  # the step it stopped after
     assert checkpoint.step < steps // 2, "the stop must land well before the end to test resume"
-    assert gpuctl("--node", daemon.address, "resume", interrupted).returncode == 0
+    nothing_left(interrupted)
+    assert "stopped at step" in gpuctl("--node", daemon.address, "logs", interrupted).stdout
+
+    resumed = gpuctl("--node", daemon.address, "--json", "resume", interrupted)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["run"]["attempt"] == 2
     wait_for(daemon, interrupted, {"succeeded"})
+    logs = gpuctl("--node", daemon.address, "logs", interrupted, "--rank", "0").stdout
+    assert f"resumed from {checkpoint.path} at step {checkpoint.step + 1}" in logs
+    assert status(daemon, interrupted).attempts[-1].resume_from == checkpoint.path
+    # No step missing or twice in the history, each under the attempt that made it.
+    history = metrics(daemon, interrupted)
+    assert steps_by_attempt(history) == {
+        1: list(range(checkpoint.step + 1)),
+        2: list(range(checkpoint.step + 1, steps)),
+    }
+    assert history["resumed_at"] == [checkpoint.step + 1]
+
     wait_for(daemon, straight, {"succeeded"})
+    history = metrics(daemon, straight)
+    assert steps_by_attempt(history) == {1: list(range(steps))}
+    assert all("loss" in row["values"] for row in history["rows"])
+    table = gpuctl("--node", daemon.address, "metrics", straight).stdout.splitlines()
+    assert table[0].split()[:2] == ["ATTEMPT", "STEP"] and "LOSS" in table[0]
+    assert len(table) == 1 + steps  # a header and one row per step
     a = torch.load(Path(daemon.state_dir, "runs", straight, "final.pt"))
     b = torch.load(Path(daemon.state_dir, "runs", interrupted, "final.pt"))
     assert a.keys() == b.keys()
@@ -197,16 +200,19 @@ def test_stopped_run_ended_the_same_as_an_uninterrupted_one(daemon: RunningDaemo
 def test_killed_rank_fails_the_run_on_both_nodes(daemons: Callable[..., RunningDaemon]) -> None:
     node0 = daemons(node="n0", simulate_gpus=None)
     node1 = daemons(node="n1", simulate_gpus=None)
-    run_id = launch(node0, FAST, "training.max_steps=100000", nodes=(node0.address, node1.address))
+    run_id = launch(
+        node0, FAST, "training.max_steps=100000", "nproc_per_node=1",
+        nodes=(node0.address, node1.address),
+    )  # fmt: skip
     wait_for_step(node0, run_id, 3)
     killed_at = time.monotonic()
-    kill_rank(run_id, 3)  # a rank of node 1
+    kill_rank(run_id, 1)  # node 1's rank
     s0 = wait_for(node0, run_id, {"failed"}, timeout=60)
     s1 = wait_for(node1, run_id, {"failed", "stopped"}, timeout=60)
     took = time.monotonic() - killed_at
     assert took < 30, f"failure took {took:.1f}s to settle"
     # The cause is the killed rank, named with its node, not its peers' connection errors.
-    assert (s0.run.reason or "").startswith("rank 3 on node n1: killed by SIGKILL (signal, ")
+    assert (s0.run.reason or "").startswith("rank 1 on node n1: killed by SIGKILL (signal, ")
     assert s0.run.cause is not None and s0.run.cause.kind is CauseKind.SIGNAL
     assert s1.run.state.value in ("failed", "stopped")
     nothing_left(run_id)
