@@ -202,8 +202,11 @@ def test_the_clients_kept_for_polls_go_with_a_daemon_the_test_killed(tmp_path: P
     daemon = start_daemon(tmp_path)  # its readiness check made the process's zmq context
     before = descriptors()
     with pytest.raises(RequestFailed):
-        status(daemon, "no-such-run")  # the kept client answered: an error reply
-    daemon.polling_client()  # kept: the same one
+        status(daemon, "no-such-run")  # the daemon answered: an error reply
+    kept = daemon.polling_client()
+    with pytest.raises(RequestFailed):
+        status(daemon, "no-such-run")
+    assert daemon.polling_client() is kept  # an answered call keeps it
     daemon.proc.send_signal(signal.SIGKILL)
     daemon.proc.wait(timeout=10)
     daemon.close_clients()

@@ -90,11 +90,12 @@ class RunningDaemon:
         return client
 
     def forget_polling_client(self) -> None:
-        """After a failed call: the next poll starts afresh (a daemon that restarted
-        elsewhere, a key that changed)."""
+        """After a call nobody answered: the next poll starts afresh (a daemon that
+        restarted elsewhere, a key that changed)."""
         client = self._polling.pop(threading.get_ident(), None)
         if client is not None:
             client.close()
+            self.clients.remove(client)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

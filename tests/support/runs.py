@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from gpud.client import Client, ClientError
+from gpud.client import Client, Unreachable
 from gpud.protocol import (
     RUN_HEALTH,
     RUN_METRICS,
@@ -36,23 +36,24 @@ FAST = "args=[--width, '128', --depth, '2', --log-every, '5', --step-ms, '100']"
 
 #: Ranks that only hold what a run holds (its GPUs, its place in the queue) until stopped:
 #: real torchrun, a real process per rank, but no torch in them (a training rank's start
-#: costs ~2.4 s of CPU, mostly `import torch`; a holder's ~0.05 s).
+#: costs ~2.4 s of CPU, mostly `import torch`; a holder's ~0.05 s). `{hold}`: until when.
 HOLDER = """
 import signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 print("holding", flush=True)
-while True:
-    time.sleep(0.5)
+{hold}
 """
+HOLD_UNTIL_STOPPED = "while True:\n    time.sleep(0.5)"
 
 
 def holder_spec(tmp_path: Path, nproc: int = 2, seconds: float | None = None) -> Path:
     """A torchrun run named `holder` whose ranks hold until stopped (`HOLDER`), or, given
     `seconds`, end well that long after they started (`holder-for-N`)."""
     if seconds is None:
-        return script_spec(tmp_path, HOLDER, name="holder", launcher="torchrun", nproc=nproc)
-    code = HOLDER.replace("while True:\n    time.sleep(0.5)", f"time.sleep({seconds})")
-    name = f"holder-for-{seconds:g}"
+        name, hold = "holder", HOLD_UNTIL_STOPPED
+    else:
+        name, hold = f"holder-for-{seconds:g}", f"time.sleep({seconds})"
+    code = HOLDER.format(hold=hold)
     return script_spec(tmp_path, code, name=name, launcher="torchrun", nproc=nproc)
 
 
@@ -100,10 +101,11 @@ def launch(
 
 
 def polled(daemon: RunningDaemon, method: Method[RequestT, ReplyT], body: RequestT) -> ReplyT:
-    """One call on the daemon's polling client (kept open: tests poll these many times)."""
+    """One call on the daemon's polling client (kept open: tests poll these many times;
+    an error reply leaves it as it is, the daemon answered)."""
     try:
         return daemon.polling_client().call(method, body)
-    except ClientError:
+    except Unreachable:
         daemon.forget_polling_client()
         raise
 
