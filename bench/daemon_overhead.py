@@ -14,7 +14,7 @@ its events, and measures over `--duration` seconds (default 60):
 
 Targets (issue 2, issue 22 §5): under 0.5% of a core idle, under 80 MB RSS, at least
 5,000 authenticated status requests per second. The idle CPU is split by component, as
-the daemon itself accounts it (`gpud.ledger`, read from `node.info` before and after the
+the daemon itself accounts it (`gpud.node.ledger`, read from `node.info` before and after the
 window): sampler, snapshot, brief, supervision, store, housekeeping, and the rest.
 
     .venv/bin/python bench/daemon_overhead.py [--duration 60] [--requests 30000]
@@ -44,10 +44,11 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpud.brief import node_brief, sum_topic  # noqa: E402
-from gpud.client import Client, RequestFailed  # noqa: E402
-from gpud.keys import load_client_keypair  # noqa: E402
-from gpud.protocol import (  # noqa: E402
+from gpud.model.run import HealthSummary  # noqa: E402
+from gpud.security.keys import load_client_keypair  # noqa: E402
+from gpud.wire.brief import node_brief, sum_topic  # noqa: E402
+from gpud.wire.client import Client, RequestFailed  # noqa: E402
+from gpud.wire.protocol import (  # noqa: E402
     NODE_INFO,
     Empty,
     RunSummary,
@@ -55,7 +56,6 @@ from gpud.protocol import (  # noqa: E402
     encode_request,
     hw_topic,
 )
-from gpud.runmodel import HealthSummary  # noqa: E402
 from launch.gpuctl.context import Ctl  # noqa: E402
 from launch.gpuctl.launching import start as start_run  # noqa: E402
 from launch.spec import load_spec  # noqa: E402
@@ -63,7 +63,7 @@ from tests.support.daemons import RunningDaemon, free_port, gpuctl, start_daemon
 from tests.support.probe import Prober  # noqa: E402
 from tests.support.webhooks import Receiver  # noqa: E402
 
-#: Each component's share of a core over the last `idle_cost` window (gpud.ledger), and
+#: Each component's share of a core over the last `idle_cost` window (gpud.node.ledger), and
 #: what none claims ("the rest": zmq's threads, the event loop, requests, GC).
 LAST_COMPONENTS: dict[str, float] = {}
 
@@ -292,10 +292,10 @@ def per_alert_cpu_ms(count: int = 300) -> tuple[float, float]:
     daemon's threads: on its loop, the alert from the run record and the Slack body; on a
     sender thread, the POST to a local receiver (answering at once). Thread CPU time, so
     the receiver in this process does not count."""
+    from gpud.model.run import CauseKind, FailureCause, NodeRef, RunRecord, RunState
     from gpud.notify.alerts import run_ended
     from gpud.notify.payloads import render
     from gpud.notify.sender import http_post
-    from gpud.runmodel import CauseKind, FailureCause, NodeRef, RunRecord, RunState
 
     run = RunRecord(
         id="train-3f9a2c", name="train", created_at=0.0, spec={"name": "train"},

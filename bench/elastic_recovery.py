@@ -39,9 +39,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpud.client import Client, NodeTarget  # noqa: E402
-from gpud.protocol import RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef, RunStatus  # noqa: E402
-from gpud.runs import procs  # noqa: E402
+from gpud.runs.process import procs  # noqa: E402
+from gpud.wire.client import Client, NodeTarget  # noqa: E402
+from gpud.wire.protocol import RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef, RunStatus  # noqa: E402
 from tests.support.daemons import RunningDaemon, gpuctl, start_daemon  # noqa: E402
 
 FAST = "args=[--width, '128', --depth, '2', --log-every, '5']"

@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpud.client import Client, NodeTarget  # noqa: E402
-from gpud.protocol import (  # noqa: E402
+from gpud.wire.client import Client, NodeTarget  # noqa: E402
+from gpud.wire.protocol import (  # noqa: E402
     RUN_METRICS,
     RUN_STATUS,
     MetricsRequest,

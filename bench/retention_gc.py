@@ -27,16 +27,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpud.client import Client  # noqa: E402
-from gpud.protocol import NODE_INFO, RUN_LIST, Empty, ListRequest  # noqa: E402
-from gpud.runmodel import (  # noqa: E402
+from gpud.model.run import (  # noqa: E402
     AttemptRecord,
     MetricPoint,
     RunEvent,
     RunRecord,
     RunState,
 )
-from gpud.store import Store  # noqa: E402
+from gpud.node.store import Store  # noqa: E402
+from gpud.wire.client import Client  # noqa: E402
+from gpud.wire.protocol import NODE_INFO, RUN_LIST, Empty, ListRequest  # noqa: E402
 from tests.support.daemons import gpuctl, start_daemon  # noqa: E402
 
 #: Seconds a daemon is left after start-up before `ps` is timed.

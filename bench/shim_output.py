@@ -1,19 +1,19 @@
 """What the shim's output pump costs a run that prints a lot, side by side.
 
 Since issue 26 §4 the launcher writes into a pipe that the shim copies to the attempt's log
-(`gpud.runs.shim.OutputPump`), so that a full disk stops neither: before, the launcher
+(`gpud.runs.process.shim.OutputPump`), so that a full disk stops neither: before, the launcher
 wrote straight to the log file. This prints the same output both ways and compares the
 printer's wall time and the shim's CPU (the copy), for lines of a typical length and for
 long ones:
 
 - straight: the printer's stdout is the log file (what the shim did before);
-- pumped: `gpud.runs.shim.run` as gpud starts it, the printer's stdout a pipe, the log
+- pumped: `gpud.runs.process.shim.run` as gpud starts it, the printer's stdout a pipe, the log
   bounded at the default 100 MB.
 
 Then the pump alone, in this process (its CPU is this process's: nothing else runs here),
 as MB of output copied per CPU second: unbounded, and bounded (issue 22 §1: the default
 100 MB, and 1 MB, which starts a new segment every 250 kB); with `--baseline FILE`, the
-pump of another shim.py side by side (e.g. `git show REV:gpud/runs/shim.py > FILE`).
+pump of another shim.py side by side (e.g. `git show REV:gpud/runs/process/shim.py > FILE`).
 
     .venv/bin/python bench/shim_output.py [--mb 200] [--baseline FILE]
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpud.runs import shim
+from gpud.runs.process import shim
 
 PRINTER = """
 import sys

@@ -45,9 +45,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.daemon_overhead import LAST_COMPONENTS, idle_cost, print_components  # noqa: E402
 from bench.retention_gc import fill, list_times  # noqa: E402
-from gpud.brief import ENDED_KEPT_S  # noqa: E402
-from gpud.client import Client, ClientError  # noqa: E402
-from gpud.protocol import (  # noqa: E402
+from gpud.wire.brief import ENDED_KEPT_S  # noqa: E402
+from gpud.wire.client import Client, ClientError  # noqa: E402
+from gpud.wire.protocol import (  # noqa: E402
     RUN_LAUNCH,
     RUN_LIST,
     RUN_STOP,

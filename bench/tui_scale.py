@@ -53,11 +53,13 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from gpud.brief import node_brief, sum_topic  # noqa: E402
-from gpud.client import NodeTarget  # noqa: E402
 from gpud.hardware.simulated import SimulatedLoad, SimulatedSampler  # noqa: E402
-from gpud.keys import KeyPair, load_or_create_client_keypair  # noqa: E402
-from gpud.protocol import (  # noqa: E402
+from gpud.model.run import HealthSummary, NodeRef, RankView, RunState  # noqa: E402
+from gpud.model.snapshot import HostSample, NodeSnapshot  # noqa: E402
+from gpud.security.keys import KeyPair, load_or_create_client_keypair  # noqa: E402
+from gpud.wire.brief import node_brief, sum_topic  # noqa: E402
+from gpud.wire.client import NodeTarget  # noqa: E402
+from gpud.wire.protocol import (  # noqa: E402
     ErrorCode,
     LogChunk,
     MetricRow,
@@ -77,8 +79,6 @@ from gpud.protocol import (  # noqa: E402
     hw_topic,
     run_topic,
 )
-from gpud.runmodel import HealthSummary, NodeRef, RankView, RunState  # noqa: E402
-from gpud.snapshot import HostSample, NodeSnapshot  # noqa: E402
 from tests.support.daemons import start_daemon  # noqa: E402
 from tests.support.runs import launch  # noqa: E402
 from tui.model.feed import Feed  # noqa: E402

@@ -18,9 +18,11 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from gpud import __version__, shutdown
+from gpud import __version__
+from gpud.commands import shutdown
+from gpud.commands.frontend import run_click, state_dir_option
 from gpud.daemon import EXIT_FAILURE, EXIT_USAGE, serve
-from gpud.frontend import run_click, state_dir_option
+from gpud.node.statedir import StateDir, held_by
 from gpud.settings import (
     SERVE_CONFIG_ENV,
     SettingsError,
@@ -29,7 +31,6 @@ from gpud.settings import (
     load_config_file,
     readable_secrets,
 )
-from gpud.statedir import StateDir, held_by
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
@@ -227,7 +228,7 @@ def stop_command(
     Its runs keep going under their shims, and the next gpud on the state dir adopts them
     again; it says how many. With --runs it stops them first.
     """
-    from gpud.paths import default_state_dir
+    from gpud.node.paths import default_state_dir
 
     state = StateDir(state_dir or default_state_dir())
     pid = held_by(state.pid_file)
@@ -337,8 +338,8 @@ def demo_command(
     state_dir: Path | None, simulate_gpus: int | None, no_tui: bool | None, steps: int | None
 ) -> None:
     """The whole flow: a local daemon, the CPU DDP example launched on it, and gputop."""
-    from gpud.demo import run_demo
-    from gpud.paths import default_state_dir
+    from gpud.commands.demo import run_demo
+    from gpud.node.paths import default_state_dir
 
     sets = (f"training.max_steps={steps}",) if steps else ()
     state = (state_dir or default_state_dir()).expanduser().resolve()

@@ -25,8 +25,30 @@ import zmq.asyncio
 
 from gpud import __version__
 from gpud.attach.server import INGEST_NAME, AttachServer, prepare_dir
-from gpud.audit import AuditLog
-from gpud.auth import (
+from gpud.hardware.events import detect_events
+from gpud.hardware.host import HostSampler
+from gpud.hardware.node import NodeSampler, open_gpu_sampler
+from gpud.hardware.xid import acknowledged
+from gpud.heal.holds import Holds
+from gpud.heal.service import Healing
+from gpud.kube.pods import KubePods, on_kubernetes
+from gpud.model.endpoints import endpoint_host, events_endpoint_for
+from gpud.model.run import TrainerMessage
+from gpud.model.snapshot import GpuSample, NodeEvent, NodeSnapshot, Severity
+from gpud.node.ledger import CpuLedger, until_beat
+from gpud.node.statedir import StateDir, StateDirBusy
+from gpud.node.store import SchemaTooNew, Store
+from gpud.notify.service import Notifier
+from gpud.prometheus import endpoint as metrics_endpoint
+from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
+from gpud.retention.compact import ensure_incremental
+from gpud.retention.heap import HeapKeeper
+from gpud.retention.service import Retention
+from gpud.runs.lifecycle.attached import AttachConfig
+from gpud.runs.lifecycle.supervisor import Supervisor
+from gpud.runs.placement.simload import SimulatedLoads
+from gpud.security.audit import AuditLog
+from gpud.security.auth import (
     EVENTS_ZAP_DOMAIN,
     ZAP_DOMAIN,
     AuthorizedKey,
@@ -39,20 +61,10 @@ from gpud.auth import (
     authorize,
     authorized_keys_path,
 )
-from gpud.brief import node_brief, sum_topic
-from gpud.bursts import flush_all
-from gpud.control import CONTROL_LIMITS, Binding, ControlServer, Registry, bind, configure_router
-from gpud.endpoints import endpoint_host, events_endpoint_for
-from gpud.guard import LIBC, ConnectionGuard
-from gpud.hardware.events import detect_events
-from gpud.hardware.host import HostSampler
-from gpud.hardware.node import NodeSampler, open_gpu_sampler
-from gpud.hardware.xid import acknowledged
-from gpud.heal.holds import Holds
-from gpud.heal.service import Healing
-from gpud.ingest import Ingest
-from gpud.keygate import KeyGate
-from gpud.keys import (
+from gpud.security.bursts import flush_all
+from gpud.security.guard import LIBC, ConnectionGuard
+from gpud.security.keygate import KeyGate
+from gpud.security.keys import (
     SERVER_KEY,
     KeyFileError,
     KeyPair,
@@ -60,13 +72,19 @@ from gpud.keys import (
     load_or_create_keypair,
     server_key_dir,
 )
-from gpud.known_nodes import KnownNode, remember_node
-from gpud.kube.pods import KubePods, on_kubernetes
-from gpud.ledger import CpuLedger, until_beat
-from gpud.notify.service import Notifier
-from gpud.prometheus import endpoint as metrics_endpoint
-from gpud.prometheus.source import DaemonProcess, DaemonStats, ScrapeSource
-from gpud.protocol import (
+from gpud.security.known_nodes import KnownNode, remember_node
+from gpud.settings import ServeSettings
+from gpud.wire.brief import node_brief, sum_topic
+from gpud.wire.control import (
+    CONTROL_LIMITS,
+    Binding,
+    ControlServer,
+    Registry,
+    bind,
+    configure_router,
+)
+from gpud.wire.ingest import Ingest
+from gpud.wire.protocol import (
     GANG_STATUS,
     MIN_PROTOCOL,
     NODE_DRAIN,
@@ -114,18 +132,7 @@ from gpud.protocol import (
     node_event_topic,
     speaks,
 )
-from gpud.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
-from gpud.retention.compact import ensure_incremental
-from gpud.retention.heap import HeapKeeper
-from gpud.retention.service import Retention
-from gpud.runmodel import TrainerMessage
-from gpud.runs.attached import AttachConfig
-from gpud.runs.simload import SimulatedLoads
-from gpud.runs.supervisor import Supervisor
-from gpud.settings import ServeSettings
-from gpud.snapshot import GpuSample, NodeEvent, NodeSnapshot, Severity
-from gpud.statedir import StateDir, StateDirBusy
-from gpud.store import SchemaTooNew, Store
+from gpud.wire.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 
 log = logging.getLogger("gpud")
 
@@ -583,7 +590,7 @@ class Daemon:
         topic = hw_topic(self.settings.node_name)
         brief_topic = sum_topic(self.settings.node_name)
         while True:
-            # On the beat (`gpud.ledger`); a sample that took longer than the interval
+            # On the beat (`gpud.node.ledger`); a sample that took longer than the interval
             # skips the beats it missed instead of bursting.
             await until_beat(interval)
             try:
@@ -625,7 +632,7 @@ class Daemon:
             self._notify.node_events(events)
 
     def _brief(self, topic: str, snapshot: NodeSnapshot) -> list[list[bytes]]:
-        """The node in brief (`gpud.brief`), for views of many nodes, encoded; none if it
+        """The node in brief (`gpud.wire.brief`), for views of many nodes, encoded; none if it
         failed."""
         assert self._publisher is not None
         sup = self._supervisor

@@ -15,12 +15,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpud.endpoints import AddressError, is_loopback, parse_endpoint
 from gpud.kube.podresources import DEFAULT_SOCKET
+from gpud.model.endpoints import AddressError, is_loopback, parse_endpoint
+from gpud.node.paths import config_dir, default_state_dir
 from gpud.notify.targets import Webhook
-from gpud.paths import config_dir, default_state_dir
-from gpud.protocol import describe_validation_error
 from gpud.retention.policy import RetentionSettings
+from gpud.wire.protocol import describe_validation_error
 from launch.spec import DEFAULT_LOG_MAX_BYTES, LogBound
 
 SERVE_CONFIG_ENV = "GPUD_SERVE_CONFIG"

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpud.snapshot import NodeSnapshot
+from gpud.model.snapshot import NodeSnapshot
 
 GB = 1_000_000_000  # classes are in decimal GB, as GPU boards are sold (an "80GB" H100 ≈ 85.5e9)
 DEFAULT_TARGET_BATCH = 256

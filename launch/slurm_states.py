@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpud.runmodel import CauseKind, FailureCause, RunState
+from gpud.model.run import CauseKind, FailureCause, RunState
 
 #: Slurm job states (squeue's %T, sacct's State) as gpud's run states.
 STATES = {

@@ -36,11 +36,11 @@ from pydantic import (
     model_validator,
 )
 
-from gpud.endpoints import AddressError, parse_endpoint
+from gpud.model.endpoints import AddressError, parse_endpoint
+from gpud.model.run import DEFAULT_RESTART_ON, CauseKind
+from gpud.model.sizes import SizeError, parse_size, size_text
 from gpud.notify.targets import Webhook
 from gpud.patterns.engine import MAX_PATTERN_CHARS, PatternError, compile_pattern
-from gpud.runmodel import DEFAULT_RESTART_ON, CauseKind
-from gpud.sizes import SizeError, parse_size, size_text
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -18,7 +18,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 
-from gpud.client import Client, ClientError, NodeTarget
+from gpud.wire.client import Client, ClientError, NodeTarget
 from tui.messages import ShowLogs, ShowNode, ShowRun
 from tui.model import actions
 from tui.model.feed import Feed

@@ -24,10 +24,10 @@ from gpud.attach.wire import (
     EndReport,
     NodesUpdate,
 )
-from gpud.protocol import NodeRefIn
-from gpud.runmodel import ExitInfo, RunState
-from gpud.runs.causes import find_cause
-from gpud.runs.hints import NO_FACTS, HintFacts, with_hint
+from gpud.model.run import ExitInfo, RunState
+from gpud.runs.diagnosis.causes import find_cause
+from gpud.runs.diagnosis.hints import NO_FACTS, HintFacts, with_hint
+from gpud.wire.protocol import NodeRefIn
 
 #: Where a system daemon's attach socket is (the systemd unit's RuntimeDirectory).
 SYSTEM_SOCKET = Path("/run/gpud/attach.sock")

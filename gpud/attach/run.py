@@ -31,10 +31,10 @@ from typing import Any
 
 from gpud.attach.client import AttachLink, failed_end, socket_path
 from gpud.attach.wire import AttachRequest, EndReport, Scheduler
+from gpud.model.run import ExitInfo, RunState, new_run_id
 from gpud.patterns.engine import PatternError, compile_pattern
 from gpud.patterns.tail import MetricsTail
-from gpud.runmodel import ExitInfo, RunState, new_run_id
-from gpud.runs.shim import PUMP_JOIN_S, OutputPump
+from gpud.runs.process.shim import PUMP_JOIN_S, OutputPump
 from trainers.placement import placement_from
 
 TOKEN_ENV = "GPUD_INGEST_TOKEN"

@@ -1,7 +1,7 @@
 """The daemon's attach socket: a unix socket any local user may connect to, where the
 kernel tells who connected (SO_PEERCRED). One connection per attached part, for its life.
 
-The lines are `gpud.attach.wire`'s; what is allowed is `gpud.runs.attached`'s. A client
+The lines are `gpud.attach.wire`'s; what is allowed is `gpud.runs.lifecycle.attached`'s. A client
 that sends nothing for `FIRST_LINE_S`, an over-long or invalid line, or too many
 connections (per user, in all) is cut off; the daemon never waits on one.
 """
@@ -27,7 +27,7 @@ from gpud.attach.wire import (
     EndReport,
     refusal,
 )
-from gpud.runs.attached import AttachedRuns, Peer
+from gpud.runs.lifecycle.attached import AttachedRuns, Peer
 
 log = logging.getLogger("gpud.attach")
 

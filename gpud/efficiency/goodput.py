@@ -19,7 +19,7 @@ first: `GoodputClock.before_watched`); the rest, to the daemon's start, is
 **unwatched**, its own bucket.
 
 Goodput is `training` (less all of the above) over the wall time, per run and per
-attempt. Pure: the daemon's `gpud.runs.goodput` feeds it; nothing here does I/O.
+attempt. Pure: the daemon's `gpud.runs.health.goodput` feeds it; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from enum import Enum
 
 from pydantic import Field
 
-from gpud.snapshot import Reading
+from gpud.model.snapshot import Reading
 
 
 class Bucket(str, Enum):

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpud.snapshot import Reading
+from gpud.model.snapshot import Reading
 
 FlopsSource = Literal["counted", "flops_per_sample", "model_params", "logged"]
 

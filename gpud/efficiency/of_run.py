@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 
 from gpud.efficiency.mfu import FlopsInputs, RunGpus, utilization
 from gpud.efficiency.model import RunFlops
-from gpud.runmodel import (
+from gpud.model.run import (
     RankView,
     RunRecord,
     logged_step_time,
     samples_per_rank_step,
     throughput,
 )
-from gpud.snapshot import NodeSnapshot
+from gpud.model.snapshot import NodeSnapshot
 from launch.spec import RunSpec
 
 

@@ -6,7 +6,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from gpud.snapshot import Backend, GpuSample
+from gpud.model.snapshot import Backend, GpuSample
 
 
 class GpuSystemInfo(BaseModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpud.snapshot import GpuSample, NodeEvent, NodeEventKind, NodeSnapshot, Severity
+from gpud.model.snapshot import GpuSample, NodeEvent, NodeEventKind, NodeSnapshot, Severity
 
 #: Common XIDs and what they usually mean (NVIDIA's XID catalogue, abridged).
 XID_MEANINGS: dict[int, tuple[Severity, str]] = {

@@ -12,7 +12,7 @@ import psutil
 
 from gpud.hardware.infiniband import InfinibandReader
 from gpud.hardware.rates import RateTracker
-from gpud.snapshot import HostSample
+from gpud.model.snapshot import HostSample
 
 IB_SYSFS = Path("/sys/class/infiniband")
 MEMINFO = Path("/proc/meminfo")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpud.hardware.rates import RateTracker
-from gpud.snapshot import IbPortSample
+from gpud.model.snapshot import IbPortSample
 
 _ERROR_COUNTERS = {
     "symbol_errors": "symbol_error",

@@ -10,7 +10,7 @@ from pathlib import Path
 from gpud.hardware.base import GpuSampler, NoGpuSampler
 from gpud.hardware.host import HostSampler
 from gpud.hardware.simulated import LoadSource, SimulatedSampler
-from gpud.snapshot import GpuSample, NodeSnapshot
+from gpud.model.snapshot import GpuSample, NodeSnapshot
 
 log = logging.getLogger("gpud.hardware")
 

@@ -34,7 +34,7 @@ from gpud.hardware.nvml_fields import (
 )
 from gpud.hardware.rates import RateTracker
 from gpud.hardware.xid import XidTracker
-from gpud.snapshot import Backend, GpuProcess, GpuSample, NvLinkSample
+from gpud.model.snapshot import Backend, GpuProcess, GpuSample, NvLinkSample
 
 log = logging.getLogger("gpud.nvml")
 

@@ -1,4 +1,4 @@
-"""Decoding NVML's raw answers into the units and names of `gpud.snapshot`.
+"""Decoding NVML's raw answers into the units and names of `gpud.model.snapshot`.
 
 Pure functions, no NVML calls: bytes-or-str text, field values by their value type,
 clock-event bitmasks, CUDA version integers, NVML's "not available" sentinels.

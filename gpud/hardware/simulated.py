@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpud.hardware.base import GpuSystemInfo
 from gpud.hardware.xid import XidTracker
-from gpud.snapshot import Backend, GpuProcess, GpuSample, NvLinkSample
+from gpud.model.snapshot import Backend, GpuProcess, GpuSample, NvLinkSample
 
 MIB = 1024 * 1024
 

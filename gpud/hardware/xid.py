@@ -10,7 +10,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 
-from gpud.snapshot import NodeSnapshot, XidRecord, XidSummary
+from gpud.model.snapshot import NodeSnapshot, XidRecord, XidSummary
 
 RECENT_XIDS = 16
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 
 from gpud.heal import rules
-from gpud.snapshot import GpuSample, Hold, NodeEvent, NodeSnapshot
-from gpud.store import Store
+from gpud.model.snapshot import GpuSample, Hold, NodeEvent, NodeSnapshot
+from gpud.node.store import Store
 
 log = logging.getLogger("gpud.heal")
 

@@ -14,7 +14,7 @@ another, or says why it cannot), and is looked at afresh for the next:
   (`rules.FATAL_XIDS`);
 - **memory held by no process NVML lists** (over `UNLISTED_MEMORY_BYTES`): a rank of a run
   that ended, in another PID namespace or a zombie, still holding it; processes NVML does
-  list make a GPU busy already (`gpud.runs.gpus.FOREIGN_MEMORY_BYTES`).
+  list make a GPU busy already (`gpud.runs.placement.gpus.FOREIGN_MEMORY_BYTES`).
 
 Pure functions of a sample and the time.
 """
@@ -25,8 +25,8 @@ import statistics
 
 from gpud.hardware.events import SLOWDOWN_REASONS
 from gpud.heal.rules import meaning
-from gpud.protocol import PartPreflight
-from gpud.snapshot import GpuSample
+from gpud.model.snapshot import GpuSample
+from gpud.wire.protocol import PartPreflight
 
 #: XIDs an application causes (a bad kernel, a page fault, a killed process): no fault of
 #: the GPU's, and no reason to keep the next attempt off it.

@@ -16,7 +16,7 @@ nor 92 (a high single-bit rate: a warning).
 from __future__ import annotations
 
 from gpud.hardware.events import XID_MEANINGS
-from gpud.snapshot import GpuSample
+from gpud.model.snapshot import GpuSample
 
 #: XIDs that quarantine a GPU.
 FATAL_XIDS = frozenset({48, 61, 62, 64, 74, 79, 94, 95, 119, 120})

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpud.auth import Caller
 from gpud.heal.holds import HoldError, Holds
-from gpud.protocol import (
+from gpud.model.run import CauseKind, FailureCause, RunRecord, RunState
+from gpud.model.snapshot import GpuSample, Hold, NodeEvent, NodeSnapshot
+from gpud.runs.lifecycle.supervisor import Supervisor
+from gpud.runs.state.part import Outcome, Part
+from gpud.security.auth import Caller
+from gpud.wire.protocol import (
     DrainReply,
     DrainRequest,
     ErrorCode,
@@ -21,10 +25,6 @@ from gpud.protocol import (
     ProtocolError,
     UndrainRequest,
 )
-from gpud.runmodel import CauseKind, FailureCause, RunRecord, RunState
-from gpud.runs.part import Outcome, Part
-from gpud.runs.supervisor import Supervisor
-from gpud.snapshot import GpuSample, Hold, NodeEvent, NodeSnapshot
 
 
 class Healing:

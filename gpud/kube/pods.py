@@ -28,7 +28,7 @@ from gpud.kube.podresources import (
     gpu_allocations,
     list_allocations,
 )
-from gpud.snapshot import GpuSample, PodRef
+from gpud.model.snapshot import GpuSample, PodRef
 
 log = logging.getLogger("gpud.kube")
 

@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from gpud.model.run import CauseKind, FailureCause, RunRecord, RunState, Stall, completed_steps
+from gpud.model.snapshot import NodeEvent, Reading, Severity
 from gpud.notify.targets import EventKind
-from gpud.runmodel import CauseKind, FailureCause, RunRecord, RunState, Stall, completed_steps
-from gpud.snapshot import NodeEvent, Reading, Severity
 
 #: Bumped when a field changes meaning; receivers can check it.
 ALERT_VERSION = 1

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from email.message import Message
 
 from gpud import __version__
-from gpud.bursts import ThrottledLog
 from gpud.notify.targets import DELIVERY_RESULTS, Webhook, secrets_of
+from gpud.security.bursts import ThrottledLog
 
 log = logging.getLogger("gpud.notify")
 _warn = ThrottledLog(log)

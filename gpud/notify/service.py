@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from gpud.auth import Caller
+from gpud.model.run import HealthSummary, RunRecord, RunState
+from gpud.model.snapshot import NodeEvent
 from gpud.notify.alerts import (
     Alert,
     hang_restart,
@@ -36,18 +37,17 @@ from gpud.notify.alerts import (
 from gpud.notify.payloads import render
 from gpud.notify.sender import Sender
 from gpud.notify.targets import TEST_TIMEOUT_S, EventKind, Webhook
-from gpud.protocol import (
+from gpud.security.auth import Caller
+from gpud.wire.protocol import (
     ErrorCode,
     NotifyTestReply,
     NotifyTestRequest,
     ProtocolError,
     WebhookAnswer,
 )
-from gpud.runmodel import HealthSummary, RunRecord, RunState
-from gpud.snapshot import NodeEvent
 
 if TYPE_CHECKING:
-    from gpud.runs.supervisor import Supervisor
+    from gpud.runs.lifecycle.supervisor import Supervisor
 
 log = logging.getLogger("gpud.notify")
 

@@ -2,7 +2,7 @@
 
 The Slurm part runner and `gpud attach` run node 0's part with no daemon beside them, or
 with one that cannot read the part's output. This follows the part's output as it grows
-(`output.log`, and a bounded log's tail files after it: `gpud.runs.attempt_log`), runs
+(`output.log`, and a bounded log's tail files after it: `gpud.runs.diagnosis.attempt_log`), runs
 the patterns over rank 0's lines (RE2, on the same budget as in the daemon)
 and appends what they find to `<run-dir>/metrics.jsonl`, in the trainers library's own
 format, so `gpuctl metrics`, `ps` and a daemon's backfill read a plain script's metrics
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from gpud.patterns.extract import MetricExtractor
 from gpud.patterns.frameworks import Recognizers
-from gpud.runs.attempt_log import AttemptLog
-from gpud.runs.logparse import complete_lines, split_rank, torchrun_lines
+from gpud.runs.diagnosis.attempt_log import AttemptLog
+from gpud.runs.diagnosis.logparse import complete_lines, split_rank, torchrun_lines
 
 #: How often the log is looked at for new lines.
 POLL_S = 0.5

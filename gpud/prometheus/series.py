@@ -19,10 +19,10 @@ from prometheus_client.samples import Sample
 
 from gpud.efficiency.goodput import Goodput
 from gpud.efficiency.model import RunFlops
+from gpud.model.run import TRAINING, HealthSummary, RunState, throughput
+from gpud.model.snapshot import GpuSample, HostSample, NodeSnapshot, PodRef
 from gpud.notify.targets import DELIVERY_RESULTS
-from gpud.protocol import RunSummary
-from gpud.runmodel import TRAINING, HealthSummary, RunState, throughput
-from gpud.snapshot import GpuSample, HostSample, NodeSnapshot, PodRef
+from gpud.wire.protocol import RunSummary
 
 MIB = 1024 * 1024
 KIB = 1024
@@ -264,7 +264,7 @@ class DaemonStats:
     requests: dict[str, int]
     #: Alerts handed to the webhook sender, by what became of them (gpud.notify).
     notify: dict[str, int] = field(default_factory=dict)
-    #: The daemon's CPU by component (gpud.ledger).
+    #: The daemon's CPU by component (gpud.node.ledger).
     components: dict[str, float] = field(default_factory=dict)
     #: The state dir's bytes by part (database, runs, checkpoints), as last measured.
     state_bytes: dict[str, int] = field(default_factory=dict)

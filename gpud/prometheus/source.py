@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import psutil
 from prometheus_client.core import Metric
 
+from gpud.model.run import samples_per_rank_step
+from gpud.model.snapshot import NodeSnapshot
 from gpud.prometheus.series import (
     DaemonStats,
     RunOnNode,
@@ -17,12 +19,10 @@ from gpud.prometheus.series import (
     host_families,
     run_families,
 )
-from gpud.runmodel import samples_per_rank_step
 from gpud.slurm.jobs import SlurmJobs
-from gpud.snapshot import NodeSnapshot
 
 if TYPE_CHECKING:
-    from gpud.runs.supervisor import Supervisor
+    from gpud.runs.lifecycle.supervisor import Supervisor
 
 
 def runs_on_node(supervisor: Supervisor) -> list[RunOnNode]:

@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import time
 
-from gpud.backlog import cannot_write
+from gpud.node.backlog import cannot_write
 
 log = logging.getLogger("gpud.retention")
 

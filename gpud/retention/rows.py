@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpud.model.run import RunEvent, RunRecord
+from gpud.node.store import Store
 from gpud.retention.usage import RunUsage, usage_of
-from gpud.runmodel import RunEvent, RunRecord
-from gpud.store import Store
 
 #: How long one batch should hold the loop.
 TARGET_S = 0.010

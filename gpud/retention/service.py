@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from gpud.auth import Caller
-from gpud.protocol import GcReply, GcRequest, GcRun
+from gpud.model.run import TERMINAL
+from gpud.node.statedir import StateDir
+from gpud.node.store import Store
 from gpud.retention import compact, files, reduce, rows
 from gpud.retention.policy import FinishedRun, RetentionSettings, choose, show_bytes
-from gpud.runmodel import TERMINAL
-from gpud.statedir import StateDir
-from gpud.store import Store
+from gpud.security.auth import Caller
+from gpud.wire.protocol import GcReply, GcRequest, GcRun
 
 if TYPE_CHECKING:
-    from gpud.runs.supervisor import Supervisor
+    from gpud.runs.lifecycle.supervisor import Supervisor
 
 log = logging.getLogger("gpud.retention")
 

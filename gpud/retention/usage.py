@@ -12,8 +12,8 @@ import re
 
 from pydantic import Field
 
-from gpud.runmodel import AttemptRecord, RunEvent, RunRecord
-from gpud.snapshot import Reading
+from gpud.model.run import AttemptRecord, RunEvent, RunRecord
+from gpud.model.snapshot import Reading
 
 _LAUNCHED_BY = re.compile(r"^(?:launched|joined[^b]*) by (\S+)")
 

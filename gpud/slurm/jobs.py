@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from gpud.snapshot import NodeSnapshot
+from gpud.model.snapshot import NodeSnapshot
 
 #: Processes remembered at most (each costs a few bytes; reading one again costs ~50 µs).
 MAX_REMEMBERED = 4096

@@ -5,7 +5,7 @@
 It places this node's part from Slurm's environment (the node's index in the job, the
 job's node count, the first host as the rendezvous host), builds the launcher's command
 with the same code a gpud launch uses (`launch.backends.build_command`), and runs it
-through the same shim (`gpud.runs.shim`): its own process group, the log in the attempt
+through the same shim (`gpud.runs.process.shim`): its own process group, the log in the attempt
 dir, leftovers ended, `exit.json` written. The processes stay in the job's cgroup, so
 Slurm's accounting, limits and cleanup hold.
 
@@ -40,12 +40,12 @@ from typing import Any
 
 from gpud.attach.client import AttachLink, failed_end, socket_path
 from gpud.attach.wire import AttachRequest, EndReport
+from gpud.model.run import ExitInfo, RunState
 from gpud.patterns.tail import MetricsTail
-from gpud.runmodel import ExitInfo, RunState
-from gpud.runs import shim
-from gpud.runs.attempt_log import AttemptLog
-from gpud.runs.checkpoints import newest_checkpoint
-from gpud.runs.hints import HintFacts
+from gpud.runs.diagnosis.attempt_log import AttemptLog
+from gpud.runs.diagnosis.hints import HintFacts
+from gpud.runs.process import shim
+from gpud.runs.state.checkpoints import newest_checkpoint
 from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
 from launch.scripts import uses_library
 from launch.spec import DEFAULT_LOG_MAX_BYTES, RunSpec, parse_spec

@@ -17,7 +17,9 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import click
 
-from gpud.client import (
+from gpud.model.endpoints import AddressError, parse_endpoint
+from gpud.security.known_nodes import load_known_nodes
+from gpud.wire.client import (
     Client,
     ClientError,
     ConfigError,
@@ -28,9 +30,7 @@ from gpud.client import (
     Unreachable,
     known_targets,
 )
-from gpud.client import resolve_target as resolve_node_target
-from gpud.endpoints import AddressError, parse_endpoint
-from gpud.known_nodes import load_known_nodes
+from gpud.wire.client import resolve_target as resolve_node_target
 
 EXIT_OK = 0
 EXIT_FAILED = 1

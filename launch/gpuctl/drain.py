@@ -8,9 +8,10 @@ import sys
 
 import click
 
-from gpud.client import Client, ClientError, NodeTarget, resolve_target
-from gpud.known_nodes import load_known_nodes
-from gpud.protocol import (
+from gpud.model.run import RunState
+from gpud.security.known_nodes import load_known_nodes
+from gpud.wire.client import Client, ClientError, NodeTarget, resolve_target
+from gpud.wire.protocol import (
     NODE_DRAIN,
     NODE_UNDRAIN,
     DrainReply,
@@ -18,7 +19,6 @@ from gpud.protocol import (
     StopRequest,
     UndrainRequest,
 )
-from gpud.runmodel import RunState
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,

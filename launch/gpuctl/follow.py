@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import click
 
-from gpud.client import ClientError
-from gpud.protocol import RunStatus, RunSummary
-from gpud.runmodel import RunState, steps_text
+from gpud.model.run import RunState, steps_text
+from gpud.wire.client import ClientError
+from gpud.wire.protocol import RunStatus, RunSummary
 from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, Ctl
 from launch.gpuctl.runref import FoundRun, refresh
 

@@ -11,8 +11,8 @@ import time
 
 import click
 
-from gpud.client import Client
-from gpud.protocol import NODE_GC, GcReply, GcRequest
+from gpud.wire.client import Client
+from gpud.wire.protocol import NODE_GC, GcReply, GcRequest
 from launch.gpuctl.context import Ctl, json_option, report_errors, worst_exit_code
 from launch.gpuctl.output import emit_json, human_bytes, human_duration, table
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import click
 
-from gpud.auth import authorize, authorized_keys_path, read_authorized_keys, revoke
-from gpud.endpoints import DEFAULT_EVENTS_PORT, AddressError, parse_endpoint
-from gpud.frontend import state_dir_option
-from gpud.keys import (
+from gpud.commands.frontend import state_dir_option
+from gpud.model.endpoints import DEFAULT_EVENTS_PORT, AddressError, parse_endpoint
+from gpud.node.paths import default_state_dir
+from gpud.security.auth import authorize, authorized_keys_path, read_authorized_keys, revoke
+from gpud.security.keys import (
     CLIENT_KEY,
     KeyFileError,
     check_public_key,
@@ -28,15 +29,14 @@ from gpud.keys import (
     load_or_create_client_keypair,
     load_server_public_key,
 )
-from gpud.known_nodes import (
+from gpud.security.known_nodes import (
     KnownNode,
     forget_node,
     known_nodes_path,
     load_known_nodes,
     remember_node,
 )
-from gpud.paths import default_state_dir
-from gpud.protocol import Role
+from gpud.wire.protocol import Role
 from launch.gpuctl.context import EXIT_FAILED, EXIT_USAGE, Ctl, fail, json_option
 from launch.gpuctl.output import emit_json, table
 

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import click
 
-from gpud.client import Client, ClientError, NodeTarget, RequestFailed
-from gpud.protocol import (
+from gpud.model.run import RunState, new_run_id
+from gpud.runs.state.checkpoints import unset_dir_warning
+from gpud.wire.client import Client, ClientError, NodeTarget, RequestFailed
+from gpud.wire.protocol import (
     PROTOCOL_START_BY_CALL,
     RUN_JOIN,
     RUN_LAUNCH,
@@ -40,8 +42,6 @@ from gpud.protocol import (
     RunStartRequest,
     StopRequest,
 )
-from gpud.runmodel import RunState, new_run_id
-from gpud.runs.checkpoints import unset_dir_warning
 from launch.gpuctl.context import (
     DEFAULT_NODE,
     EXIT_FAILED,

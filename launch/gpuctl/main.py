@@ -10,7 +10,7 @@ import importlib
 import click
 
 from gpud import __version__
-from gpud.frontend import run_click
+from gpud.commands.frontend import run_click
 from launch.gpuctl.context import DEFAULT_NODE, Ctl, split_nodes
 
 #: Verbs are imported when used: every gpuctl call pays only for its own verb

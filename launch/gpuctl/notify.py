@@ -10,9 +10,9 @@ import click
 from click.core import ParameterSource
 from pydantic import ValidationError
 
-from gpud.client import Client
 from gpud.notify.targets import TEST_TIMEOUT_S, Webhook
-from gpud.protocol import NOTIFY_TEST, NotifyTestReply, NotifyTestRequest
+from gpud.wire.client import Client
+from gpud.wire.protocol import NOTIFY_TEST, NotifyTestReply, NotifyTestRequest
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_USAGE,

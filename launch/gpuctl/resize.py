@@ -1,6 +1,6 @@
 """`gpuctl resize RUN`: an elastic run's next attempt on every node healthy now.
 
-An elastic run that lost a node goes on with fewer (gpud.runs.elastic) and does not grow
+An elastic run that lost a node goes on with fewer (gpud.runs.multinode.elastic) and does not grow
 back by itself: a node that answers again, or a spare freed since, joins at the run's next
 attempt boundary, and growing back costs a restart, so it is asked for: resize stops the
 run with its checkpoint handshake, then resumes it, and node 0 starts the attempt on every
@@ -12,9 +12,9 @@ import sys
 
 import click
 
-from gpud.client import Client, ClientError
-from gpud.protocol import RUN_RESUME, ResumeRequest, RunSummary, StopRequest
-from gpud.runmodel import RunState
+from gpud.model.run import RunState
+from gpud.wire.client import Client, ClientError
+from gpud.wire.protocol import RUN_RESUME, ResumeRequest, RunSummary, StopRequest
 from launch.gpuctl.completion import run_argument
 from launch.gpuctl.context import (
     EXIT_FAILED,

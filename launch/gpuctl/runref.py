@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpud.client import Client, ClientError, NodeTarget, RequestFailed
-from gpud.protocol import RUN_STATUS, RunRef, RunStatus
-from gpud.runmodel import NodeRef
+from gpud.model.run import NodeRef
+from gpud.wire.client import Client, ClientError, NodeTarget, RequestFailed
+from gpud.wire.protocol import RUN_STATUS, RunRef, RunStatus
 from launch.gpuctl.context import EXIT_FAILED, Ctl, exit_code_for, fail
 
 

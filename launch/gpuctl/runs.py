@@ -8,8 +8,16 @@ import time
 
 import click
 
-from gpud.client import Client, ClientError, known_targets
-from gpud.protocol import (
+from gpud.model.run import (
+    AttemptRecord,
+    FailureCause,
+    RunState,
+    gpus_by_node_text,
+    gpus_text,
+    steps_text,
+)
+from gpud.wire.client import Client, ClientError, known_targets
+from gpud.wire.protocol import (
     RUN_LIST,
     RUN_LOGS,
     RUN_RESUME,
@@ -21,14 +29,6 @@ from gpud.protocol import (
     RunList,
     RunSummary,
     StopRequest,
-)
-from gpud.runmodel import (
-    AttemptRecord,
-    FailureCause,
-    RunState,
-    gpus_by_node_text,
-    gpus_text,
-    steps_text,
 )
 from launch.gpuctl import slurm_jobs, slurm_verbs
 from launch.gpuctl.completion import run_argument

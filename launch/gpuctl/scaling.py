@@ -3,10 +3,10 @@
 The spec runs at each count in turn, one short run per count through gpud, launched as
 `gpuctl launch` launches (so GPU leases, the queue and gpud's cleanup apply): warm-up +
 timed steps (`training.max_steps`), automatic restarts off. Throughput comes from each
-run's own metrics and time per step from its heartbeats (`gpud.scaling` has the
+run's own metrics and time per step from its heartbeats (`gpud.scaling.arithmetic` has the
 arithmetic); the table or --json shows speedup and efficiency against the smallest
 count, beside the speedup the training guides print. The result is saved as the spec's
-baseline (`gpud.baselines`), which gputop's Run screen compares live runs with.
+baseline (`gpud.scaling.baselines`), which gputop's Run screen compares live runs with.
 
 - A count whose launch is refused, or whose run fails before its last timed step, is
   reported in its row and the next count runs; the exit code is then 1 (2 for a spec a
@@ -31,11 +31,23 @@ from typing import NoReturn
 
 import click
 
-from gpud.baselines import BaselineFileError, save_baseline
-from gpud.client import Client, ClientError
+from gpud.commands.frontend import EXIT_INTERRUPTED
 from gpud.efficiency.model import flops_text
-from gpud.frontend import EXIT_INTERRUPTED
-from gpud.protocol import (
+from gpud.model.run import HealthSummary, RunState, gpus_by_node_text, samples_per_rank_step
+from gpud.model.snapshot import NodeSnapshot
+from gpud.scaling.arithmetic import (
+    NodeHardware,
+    ScalingPoint,
+    ScalingResult,
+    flops_mean,
+    heartbeat_split,
+    throughput,
+    timed_window,
+    with_ratios,
+)
+from gpud.scaling.baselines import BaselineFileError, save_baseline
+from gpud.wire.client import Client, ClientError
+from gpud.wire.protocol import (
     NODE_HW,
     RUN_HEALTH,
     RUN_METRICS,
@@ -46,18 +58,6 @@ from gpud.protocol import (
     RunRef,
     RunStatus,
 )
-from gpud.runmodel import HealthSummary, RunState, gpus_by_node_text, samples_per_rank_step
-from gpud.scaling import (
-    NodeHardware,
-    ScalingPoint,
-    ScalingResult,
-    flops_mean,
-    heartbeat_split,
-    throughput,
-    timed_window,
-    with_ratios,
-)
-from gpud.snapshot import NodeSnapshot
 from launch.gpuctl.context import (
     DEFAULT_NODE,
     EXIT_FAILED,

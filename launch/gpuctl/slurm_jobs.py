@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpud.paths import atomic_write, config_dir, exclusive
-from gpud.protocol import MetricRow, MetricsReply, RunSummary, metrics_reply
-from gpud.runmodel import (
+from gpud.model.run import (
     ExitInfo,
     FailureCause,
     NodeRef,
@@ -36,6 +34,8 @@ from gpud.runmodel import (
     cause_precedence,
     new_run_id,
 )
+from gpud.node.paths import atomic_write, config_dir, exclusive
+from gpud.wire.protocol import MetricRow, MetricsReply, RunSummary, metrics_reply
 from launch import slurm_states
 from launch.slurm_states import JobRun
 
@@ -234,9 +234,9 @@ class SlurmRun:
         """Why the attempt (the latest for None) failed, read from its nodes' files as
         gpud reads a part's (error files, torchrun's summary, tracebacks, signals); the
         earliest wins."""
-        from gpud.runs.attempt_log import AttemptLog
-        from gpud.runs.causes import find_cause
-        from gpud.runs.hints import HintFacts, with_hint
+        from gpud.runs.diagnosis.attempt_log import AttemptLog
+        from gpud.runs.diagnosis.causes import find_cause
+        from gpud.runs.diagnosis.hints import HintFacts, with_hint
 
         attempt_dir = self._attempt_dir(attempt)
         found = []

@@ -8,8 +8,8 @@ import time
 
 import click
 
-from gpud.protocol import RunSummary
-from gpud.runmodel import RunState, steps_text
+from gpud.model.run import RunState, steps_text
+from gpud.wire.protocol import RunSummary
 from launch import slurm_states
 from launch.gpuctl import slurm_jobs
 from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, Ctl, fail
@@ -113,7 +113,7 @@ def resume(ctl: Ctl, run: slurm_jobs.SlurmRun, checkpoint: str | None) -> None:
 
 def logs(run: slurm_jobs.SlurmRun, tail: int | None) -> None:
     """Every node's launcher output of the latest attempt, node by node."""
-    from gpud.runs.attempt_log import AttemptLog
+    from gpud.runs.diagnosis.attempt_log import AttemptLog
 
     attempts = sorted(
         run.run_dir.glob("attempt-*"), key=lambda p: int(p.name.removeprefix("attempt-"))

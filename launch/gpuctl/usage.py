@@ -20,9 +20,9 @@ from datetime import datetime, timezone
 
 import click
 
-from gpud.client import Client
-from gpud.protocol import NODE_USAGE, UsageReply, UsageRequest
 from gpud.retention.usage import RunUsage
+from gpud.wire.client import Client
+from gpud.wire.protocol import NODE_USAGE, UsageReply, UsageRequest
 from launch.gpuctl.context import Ctl, json_option, report_errors, worst_exit_code
 from launch.gpuctl.output import emit_json, table
 

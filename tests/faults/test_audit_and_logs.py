@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import zmq
 
-from gpud.audit import local_user
-from gpud.client import RequestFailed
-from gpud.protocol import Role
+from gpud.security.audit import local_user
+from gpud.wire.client import RequestFailed
+from gpud.wire.protocol import Role
 from tests.support.adversary import (
     MB,
     audit_records,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from gpud.client import RequestFailed
-from gpud.keys import load_client_keypair
-from gpud.protocol import MAX_FRAME_BYTES, Role
+from gpud.security.keys import load_client_keypair
+from gpud.wire.client import RequestFailed
+from gpud.wire.protocol import MAX_FRAME_BYTES, Role
 from tests.support.adversary import (
     MB,
     audit_records,

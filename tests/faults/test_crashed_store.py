@@ -21,8 +21,15 @@ from typing import NamedTuple
 
 import pytest
 
-from gpud.client import Client
-from gpud.protocol import RUN_METRICS, RUN_STATUS, MetricsReply, MetricsRequest, RunRef, RunStatus
+from gpud.wire.client import Client
+from gpud.wire.protocol import (
+    RUN_METRICS,
+    RUN_STATUS,
+    MetricsReply,
+    MetricsRequest,
+    RunRef,
+    RunStatus,
+)
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import launch, script_spec, status, wait_for
 from tests.support.waiting import until

@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpud.runmodel import RunState
-from gpud.runs import procs
+from gpud.model.run import RunState
+from gpud.runs.process import procs
 from tests.integration.test_prometheus import parse, scrape
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
 from tests.support.runs import (

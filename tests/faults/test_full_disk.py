@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import CauseKind, RunState
-from gpud.runs.gang import QUEUE_RETRY_S
+from gpud.model.run import CauseKind, RunState
+from gpud.runs.multinode.gang import QUEUE_RETRY_S
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.disk import SmallDisk, small_disk
 from tests.support.runs import (

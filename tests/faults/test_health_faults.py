@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import psutil
 import pytest
 
-from gpud.runmodel import HealthSummary
+from gpud.model.run import HealthSummary
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import FAST, health, launch, nothing_left, ranks_of, wait_for_step
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpud.auth import authorized_keys_path
-from gpud.keys import CLIENT_KEY, load_keypair
+from gpud.security.auth import authorized_keys_path
+from gpud.security.keys import CLIENT_KEY, load_keypair
 from tests.support.daemons import RunningDaemon, spawn_daemon
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -34,7 +34,7 @@ ROUNDS = 2
 ASK_EACH = """
 import os, sys
 from pathlib import Path
-from gpud.keys import KeyFileError, load_or_create_client_keypair
+from gpud.security.keys import KeyFileError, load_or_create_client_keypair
 root, count = Path(sys.argv[1]), int(sys.argv[2])
 for i in range(count):
     os.environ["GPUD_CONFIG_DIR"] = str(root / f"config-{i}")

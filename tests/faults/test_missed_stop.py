@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import CauseKind, RunState
+from gpud.model.run import CauseKind, RunState
 from tests.faults.test_runs_end import restart
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import launch, nothing_left, ranks_of, script_spec, status, wait_for

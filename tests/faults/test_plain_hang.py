@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import NO_HEARTBEATS, RunState
+from gpud.model.run import NO_HEARTBEATS, RunState
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import health, nothing_left, script_spec, wait_for
 from tests.support.waiting import until

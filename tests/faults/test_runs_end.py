@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpud.runmodel import AttemptRecord, CauseKind, RunState
-from gpud.runs import procs
-from gpud.runs.part import Part
+from gpud.model.run import AttemptRecord, CauseKind, RunState
+from gpud.runs.process import procs
+from gpud.runs.state.part import Part
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     FAST,

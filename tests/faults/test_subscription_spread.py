@@ -27,10 +27,10 @@ import pytest
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from gpud.keygate import BURST
-from gpud.keys import KeyPair
-from gpud.protocol import Role, hw_topic
-from gpud.publisher import EVENTS_LIMITS
+from gpud.security.keygate import BURST
+from gpud.security.keys import KeyPair
+from gpud.wire.protocol import Role, hw_topic
+from gpud.wire.publisher import EVENTS_LIMITS
 from tests.support.adversary import (
     MB,
     authorized_keys,

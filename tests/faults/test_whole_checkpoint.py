@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import CauseKind, RunState
+from gpud.model.run import CauseKind, RunState
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.disk import small_disk
 from tests.support.runs import launch, nothing_left, script_spec, wait_for

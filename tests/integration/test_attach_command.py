@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gpud.client import Client
-from gpud.protocol import RUN_HEALTH, RUN_STATUS, RunRef, RunStatus
-from gpud.runmodel import HealthSummary
+from gpud.model.run import HealthSummary
+from gpud.wire.client import Client
+from gpud.wire.protocol import RUN_HEALTH, RUN_STATUS, RunRef, RunStatus
 from tests.support.daemons import RunningDaemon
 from tests.support.waiting import until
 

@@ -26,9 +26,9 @@ import zmq
 
 from gpud.attach.client import AttachLink
 from gpud.attach.wire import AttachRequest
-from gpud.client import Client
-from gpud.protocol import RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef
-from gpud.statedir import StateDir
+from gpud.node.statedir import StateDir
+from gpud.wire.client import Client
+from gpud.wire.protocol import RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef
 from tests.support import users
 from tests.support.daemons import RunningDaemon
 

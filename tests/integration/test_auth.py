@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 import zmq
 
-from gpud.client import Client, NodeTarget, RequestFailed, Unreachable
-from gpud.keys import KeyPair
-from gpud.protocol import NODE_INFO, Empty, encode_request
+from gpud.security.keys import KeyPair
+from gpud.wire.client import Client, NodeTarget, RequestFailed, Unreachable
+from gpud.wire.protocol import NODE_INFO, Empty, encode_request
 from tests.support.adversary import audit_records
 from tests.support.daemons import RunningDaemon, gpuctl
 

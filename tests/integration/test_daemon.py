@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpud.client import RequestFailed
-from gpud.snapshot import NodeSnapshot
-from gpud.statedir import held_by
+from gpud.model.snapshot import NodeSnapshot
+from gpud.node.statedir import held_by
+from gpud.wire.client import RequestFailed
 from tests.support.daemons import RunningDaemon, free_port, spawn_daemon, start_daemon
 from tests.support.runs import status
 
@@ -180,7 +180,7 @@ def test_free_port_helper_gives_distinct_ports() -> None:
 
 
 def test_node_info_says_what_the_daemons_cpu_went_to(daemon: RunningDaemon) -> None:
-    """Issue 22 §5: the daemon accounts its own CPU by component (gpud.ledger)."""
+    """Issue 22 §5: the daemon accounts its own CPU by component (gpud.node.ledger)."""
     client = daemon.client()
     first = client.node_info()
     time.sleep(2.5)  # a few samples at the daemon's interval

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpud.runmodel import CauseKind, RunState
-from gpud.runs import procs
+from gpud.model.run import CauseKind, RunState
+from gpud.runs.process import procs
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     FAST,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpud.checkpoints.whole import broken
-from gpud.runmodel import RankView
+from gpud.model.run import RankView
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.frameworks import script, with_callback
 from tests.support.runs import force_stop, health, launch, status, wait_for

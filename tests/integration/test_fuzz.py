@@ -10,8 +10,8 @@ import time
 import psutil
 import zmq
 
-from gpud.keys import load_client_keypair
-from gpud.protocol import MAX_FRAME_BYTES, READ_FRAME_BYTES
+from gpud.security.keys import load_client_keypair
+from gpud.wire.protocol import MAX_FRAME_BYTES, READ_FRAME_BYTES
 from tests.support.daemons import RunningDaemon
 from tests.support.waiting import until
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import RunState
+from gpud.model.run import RunState
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import FAST, kill_rank, launch, script_spec, status, wait_for
 from tests.support.waiting import until

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import RunState
+from gpud.model.run import RunState
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     FAST,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpud.runmodel import RunState
+from gpud.model.run import RunState
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     FAST,

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpud.runs import procs
+from gpud.runs.process import procs
 from tests.support.daemons import RunningDaemon
 from tests.support.runs import launch, nothing_left, status, wait_for
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpud.runmodel import HealthSummary
+from gpud.model.run import HealthSummary
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import FAST, launch, nothing_left, status, wait_for, wait_for_step
 from tests.support.waiting import until

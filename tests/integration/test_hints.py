@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from gpud.protocol import RunStatus
-from gpud.runmodel import CauseKind, RunState
+from gpud.model.run import CauseKind, RunState
+from gpud.wire.protocol import RunStatus
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.logs import (
     CUDA_OOM_MESSAGE,

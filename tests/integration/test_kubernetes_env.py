@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from gpud.runmodel import TRAINER_MESSAGES, HeartbeatMessage, HelloMessage, TrainerMessage
+from gpud.model.run import TRAINER_MESSAGES, HeartbeatMessage, HelloMessage, TrainerMessage
 from tests.support.daemons import free_port
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpud.runmodel import RunState
+from gpud.model.run import RunState
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
 from tests.support.probe import Prober
 from tests.support.runs import FAST, launch, nothing_left, script_spec, wait_for

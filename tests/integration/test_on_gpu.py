@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from gpud.client import Client
 from gpud.hardware.nvml import NvmlSampler, NvmlUnavailable
 from gpud.prometheus.series import FIELDS
+from gpud.wire.client import Client
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
 from tests.support.dcgm_exporter import parity_problems
 from tests.support.runs import (

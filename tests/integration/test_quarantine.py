@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gpud.auth import authorize
-from gpud.keys import CLIENT_KEY, load_or_create_keypair
-from gpud.known_nodes import known_nodes_path
-from gpud.protocol import Role
-from gpud.runmodel import CauseKind, RunState
+from gpud.model.run import CauseKind, RunState
+from gpud.security.auth import authorize
+from gpud.security.keys import CLIENT_KEY, load_or_create_keypair
+from gpud.security.known_nodes import known_nodes_path
+from gpud.wire.protocol import Role
 from tests.support.adversary import audit_records
 from tests.support.daemons import RunningDaemon, gpuctl, run_cli
 from tests.support.runs import (

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpud.runmodel import CauseKind
-from gpud.runs.attempt_log import AttemptLog
+from gpud.model.run import CauseKind
+from gpud.runs.diagnosis.attempt_log import AttemptLog
 from tests.integration.test_health import metrics, steps_by_attempt
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gpud.baselines import baselines_path, load_baselines
-from gpud.client import Client
 from gpud.efficiency.mfu import SIMULATED
 from gpud.efficiency.model import flops_text
-from gpud.protocol import RUN_LIST, ListRequest, RunList
-from gpud.scaling import ScalingPoint
+from gpud.scaling.arithmetic import ScalingPoint
+from gpud.scaling.baselines import baselines_path, load_baselines
+from gpud.wire.client import Client
+from gpud.wire.protocol import RUN_LIST, ListRequest, RunList
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     CPU_DDP,

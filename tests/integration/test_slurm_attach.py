@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpud.client import Client, ClientError
-from gpud.protocol import RUN_HEALTH, RUN_LIST, RUN_STATUS, ListRequest, RunRef, RunSummary
-from gpud.runmodel import HealthSummary
+from gpud.model.run import HealthSummary
+from gpud.wire.client import Client, ClientError
+from gpud.wire.protocol import RUN_HEALTH, RUN_LIST, RUN_STATUS, ListRequest, RunRef, RunSummary
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.slurm import LocalSlurm
 from tests.support.slurm_runs import ps, submit, write_spec

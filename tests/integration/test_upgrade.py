@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 
 from gpud import __version__
-from gpud.runmodel import RunState
-from gpud.store import SCHEMA_VERSION
+from gpud.model.run import RunState
+from gpud.node.store import SCHEMA_VERSION
 from tests.faults.test_runs_end import restart
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (

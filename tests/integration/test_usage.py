@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.protocol import RUN_LAUNCH, LaunchReply, LaunchRequest, NodeRefIn, Role, RunStatus
+from gpud.wire.protocol import RUN_LAUNCH, LaunchReply, LaunchRequest, NodeRefIn, Role, RunStatus
 from tests.support.adversary import authorized_keys
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import launch, script_spec, status, wait_for

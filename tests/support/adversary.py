@@ -12,10 +12,10 @@ from pathlib import Path
 import psutil
 import zmq
 
-from gpud.audit import AUDIT_LOG, KEEP, REFUSED_LOG
-from gpud.auth import authorize
-from gpud.keys import KeyPair
-from gpud.protocol import Role, hw_topic
+from gpud.security.audit import AUDIT_LOG, KEEP, REFUSED_LOG
+from gpud.security.auth import authorize
+from gpud.security.keys import KeyPair
+from gpud.wire.protocol import Role, hw_topic
 from tests.support.daemons import RunningDaemon
 
 MB = 2**20

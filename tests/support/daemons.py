@@ -15,8 +15,8 @@ from typing import Any
 
 import psutil
 
-from gpud.client import Client, ClientError, NodeTarget, resolve_target
-from gpud.keys import KeyPair
+from gpud.security.keys import KeyPair
+from gpud.wire.client import Client, ClientError, NodeTarget, resolve_target
 
 _HANDED_OUT: set[int] = set()
 

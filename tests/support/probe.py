@@ -20,7 +20,7 @@ import threading
 import time
 from types import FrameType
 
-from gpud.client import Client, resolve_target
+from gpud.wire.client import Client, resolve_target
 from tests.support.daemons import RunningDaemon
 
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import psutil
 
-from gpud.client import Client, Unreachable
-from gpud.protocol import (
+from gpud.model.run import HealthSummary, RunState
+from gpud.runs.process import procs
+from gpud.wire.client import Client, Unreachable
+from gpud.wire.protocol import (
     RUN_HEALTH,
     RUN_METRICS,
     RUN_STATUS,
@@ -21,8 +23,6 @@ from gpud.protocol import (
     RunRef,
     RunStatus,
 )
-from gpud.runmodel import HealthSummary, RunState
-from gpud.runs import procs
 from tests.support.daemons import RunningDaemon, gpuctl
 
 ROOT = Path(__file__).resolve().parents[2]

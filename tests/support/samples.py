@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpud.snapshot import HostSample
+from gpud.model.snapshot import HostSample
 
 
 def host_sample() -> HostSample:

@@ -15,9 +15,11 @@ from typing import Any, get_args
 from pydantic import BaseModel
 
 from gpud.attach import wire
-from gpud.brief import NodeBrief
+from gpud.model.run import TRAINER_MESSAGES, HealthSummary, RunEvent
+from gpud.model.snapshot import NodeEvent, NodeSnapshot
 from gpud.notify.targets import Webhook
-from gpud.protocol import (
+from gpud.wire.brief import NodeBrief
+from gpud.wire.protocol import (
     METHODS,
     RUN_ID_PATTERN,
     ErrorInfo,
@@ -28,8 +30,6 @@ from gpud.protocol import (
     RunMetricsEvent,
     RunSummary,
 )
-from gpud.runmodel import TRAINER_MESSAGES, HealthSummary, RunEvent
-from gpud.snapshot import NodeEvent, NodeSnapshot
 
 #: A value for each field pattern the wire models use; a new pattern must be added here.
 PATTERNS = {

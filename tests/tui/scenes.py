@@ -9,18 +9,8 @@ from __future__ import annotations
 
 import math
 
-from gpud.client import NodeTarget
 from gpud.efficiency.model import RunFlops
-from gpud.protocol import (
-    Event,
-    LogChunk,
-    MetricRow,
-    MetricsReply,
-    RunLogEvent,
-    RunMetricsEvent,
-    RunSummary,
-)
-from gpud.runmodel import (
+from gpud.model.run import (
     BandwidthView,
     CheckpointRef,
     GpuTrouble,
@@ -30,7 +20,7 @@ from gpud.runmodel import (
     RunState,
     Straggler,
 )
-from gpud.snapshot import (
+from gpud.model.snapshot import (
     GpuProcess,
     GpuSample,
     HostSample,
@@ -39,6 +29,16 @@ from gpud.snapshot import (
     NvLinkSample,
     XidRecord,
     XidSummary,
+)
+from gpud.wire.client import NodeTarget
+from gpud.wire.protocol import (
+    Event,
+    LogChunk,
+    MetricRow,
+    MetricsReply,
+    RunLogEvent,
+    RunMetricsEvent,
+    RunSummary,
 )
 from tui.model.fleet import FleetModel
 from tui.model.targets import Target

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpud.baselines import load_baselines, save_baseline
-from gpud.protocol import MetricRow, MetricsReply, NodeInfo
-from gpud.runmodel import RunState
-from gpud.scaling import NodeHardware, ScalingPoint, ScalingResult, with_ratios
+from gpud.model.run import RunState
+from gpud.scaling.arithmetic import NodeHardware, ScalingPoint, ScalingResult, with_ratios
+from gpud.scaling.baselines import load_baselines, save_baseline
+from gpud.wire.protocol import MetricRow, MetricsReply, NodeInfo
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import CPU_DDP, FAST, launch
 from tests.tui import scenes

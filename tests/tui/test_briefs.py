@@ -4,11 +4,11 @@ daemon that sends no briefs still gets everything. No Textual, no sockets."""
 
 from __future__ import annotations
 
-from gpud.brief import RunBrief, node_brief, sum_topic
 from gpud.efficiency.mfu import SIMULATED
 from gpud.efficiency.model import RunFlops
-from gpud.protocol import RunList
-from gpud.runmodel import HealthSummary, RunState
+from gpud.model.run import HealthSummary, RunState
+from gpud.wire.brief import RunBrief, node_brief, sum_topic
+from gpud.wire.protocol import RunList
 from tests.tui import scenes
 from tui.model.fleet import FleetModel
 from tui.widgets.run_header import mfu_text

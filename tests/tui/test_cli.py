@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.known_nodes import KnownNode, remember_node
+from gpud.security.known_nodes import KnownNode, remember_node
 from tests.support.daemons import RunningDaemon, free_port
 from tui.cli import app_argv, parser
 from tui.model.targets import TargetError, load_cluster, resolve_targets
@@ -99,7 +99,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str) -> Non
 
 def test_gpud_never_imports_textual() -> None:
     # gpud (the daemon and its demo) must not import textual; gputop is a separate process.
-    code = "import sys, gpud.cli, gpud.demo; print('textual' in sys.modules)"
+    code = "import sys, gpud.cli, gpud.commands.demo; print('textual' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpud.client import Client, resolve_target
-from gpud.demo import gputop_argv, run_demo
-from gpud.statedir import StateDir, held_by
+from gpud.commands.demo import gputop_argv, run_demo
+from gpud.node.statedir import StateDir, held_by
+from gpud.wire.client import Client, resolve_target
 from tests.support.daemons import free_port
 from tests.support.runs import FAST
 

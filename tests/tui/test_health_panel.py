@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.runmodel import (
+from gpud.model.run import (
     NO_HEARTBEATS,
     CauseKind,
     FailureCause,

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from textual.widgets._toast import Toast
 
-from gpud.brief import NodeBrief
-from gpud.client import Client
-from gpud.protocol import RunList
-from gpud.runmodel import RunState
-from gpud.runs.logparse import split_rank
+from gpud.model.run import RunState
+from gpud.runs.diagnosis.logparse import split_rank
+from gpud.wire.brief import NodeBrief
+from gpud.wire.client import Client
+from gpud.wire.protocol import RunList
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import FAST, launch, script_spec, wait_for
 from tests.tui import scenes

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.client import Client
+from gpud.wire.client import Client
 from tests.support.daemons import RunningDaemon
 from tests.support.runs import holder_spec, launch, ranks_of, wait_for
 from tests.tui.screen import screen_text

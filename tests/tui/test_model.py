@@ -3,9 +3,16 @@ logs, and what the feed is asked to fetch. No Textual, no sockets."""
 
 from __future__ import annotations
 
-from gpud.protocol import LogChunk, MetricRow, MetricsReply, RunList, RunLogEvent, RunMetricsEvent
-from gpud.runmodel import RunState
-from gpud.snapshot import GpuProcess
+from gpud.model.run import RunState
+from gpud.model.snapshot import GpuProcess
+from gpud.wire.protocol import (
+    LogChunk,
+    MetricRow,
+    MetricsReply,
+    RunList,
+    RunLogEvent,
+    RunMetricsEvent,
+)
 from tests.tui import scenes
 from tui.model import actions
 from tui.model.fleet import FleetModel
@@ -265,7 +272,7 @@ def test_simulated_gpus_map_to_runs_by_their_leases() -> None:
 def test_a_pods_processes_are_named_by_their_pod_on_the_node_screen() -> None:
     """On Kubernetes a process no run of gpud's owns is named by its pod: by name where
     the kubelet gave the GPU to that pod, else by the UID its cgroup says."""
-    from gpud.snapshot import PodRef
+    from gpud.model.snapshot import PodRef
     from tui.widgets.gpu_detail import processes_text
 
     model, _, key = one_node()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.protocol import MetricRow, MetricsReply, RunMetricsEvent
-from gpud.runmodel import HealthSummary, RankView, RunState
+from gpud.model.run import HealthSummary, RankView, RunState
+from gpud.wire.protocol import MetricRow, MetricsReply, RunMetricsEvent
 from tests.tui import scenes
 from tests.tui.screen import screen_text
 from tui.app import GpuTop

@@ -128,7 +128,7 @@ def test_gputop_in_a_real_terminal_shows_the_fleet_and_a_run_and_stops_and_resum
 
 
 def with_client_stop(daemon: RunningDaemon, run_id: str) -> None:
-    from gpud.client import Client
+    from gpud.wire.client import Client
 
     with Client(daemon.target()) as client:
         client.stop_run(run_id, force=True)

@@ -28,31 +28,31 @@ PACKAGES = ("gpud", "launch", "tui", "trainers")
 
 #: Libraries that do I/O: sockets, processes, databases, GPUs.
 IO_LIBRARIES = ("zmq", "psutil", "sqlite3", "pynvml", "socket", "subprocess")
-#: The project's modules that touch files, sockets or processes. `gpud.endpoints` (pure
-#: address parsing) and `gpud.snapshot` (pydantic models) are not among them.
+#: The project's modules that touch files, sockets or processes. `gpud.model.endpoints` (pure
+#: address parsing) and `gpud.model.snapshot` (pydantic models) are not among them.
 IO_PROJECT_MODULES = (
     "gpud.attach.client",
     "gpud.attach.server",
-    "gpud.audit",
-    "gpud.auth",
-    "gpud.baselines",
+    "gpud.security.audit",
+    "gpud.security.auth",
+    "gpud.scaling.baselines",
     "gpud.checkpoints",
     "gpud.cli",
-    "gpud.client",
-    "gpud.control",
+    "gpud.wire.client",
+    "gpud.wire.control",
     "gpud.daemon",
-    "gpud.demo",
-    "gpud.drain",
-    "gpud.guard",
+    "gpud.commands.demo",
+    "gpud.wire.drain",
+    "gpud.security.guard",
     "gpud.hardware",
-    "gpud.ingest",
-    "gpud.keys",
+    "gpud.wire.ingest",
+    "gpud.security.keys",
     "gpud.kube",
-    "gpud.known_nodes",
+    "gpud.security.known_nodes",
     "gpud.notify.sender",
     "gpud.notify.service",
-    "gpud.paths",
-    "gpud.publisher",
+    "gpud.node.paths",
+    "gpud.wire.publisher",
     "gpud.retention.compact",
     "gpud.retention.files",
     "gpud.retention.rows",
@@ -60,8 +60,8 @@ IO_PROJECT_MODULES = (
     "gpud.runs",
     "gpud.settings",
     "gpud.slurm",
-    "gpud.statedir",
-    "gpud.store",
+    "gpud.node.statedir",
+    "gpud.node.store",
     "launch.gpuctl",
     "launch.scripts",
 )
@@ -107,7 +107,7 @@ CONTRACTS = [
     ),
     Contract(
         "the scaling arithmetic does no I/O",
-        covers=("gpud.scaling",),
+        covers=("gpud.scaling.arithmetic",),
         forbidden=IO_LIBRARIES + IO_PROJECT_MODULES,
         static_only=("socket", "subprocess"),
     ),
@@ -190,7 +190,8 @@ def module_imports(module: str, path: Path) -> list[ImportLine]:
 
 
 def project_module_of(target: str) -> str | None:
-    """The project module an imported name lives in (`gpud.protocol.Method` → gpud.protocol)."""
+    """The project module an imported name lives in (`gpud.wire.protocol.Method` is in
+    gpud.wire.protocol)."""
     modules = project_modules()
     while target:
         if target in modules:
@@ -336,26 +337,26 @@ def test_static_check_sees_every_kind_of_import(tmp_path: Path) -> None:
         "from .. import sibling\n"
         "from ..other import thing\n"
         "def f():\n"
-        "    from gpud import client\n"
+        "    from gpud.wire import client\n"
         "    import zmq.asyncio\n"
     )
     targets = {i.target for i in module_imports("pkg.sub.mod", pkg / "sub" / "mod.py")}
-    assert {"os", "pkg.sibling", "pkg.other.thing", "gpud.client", "zmq.asyncio"} <= targets
+    assert {"os", "pkg.sibling", "pkg.other.thing", "gpud.wire.client", "zmq.asyncio"} <= targets
     init = {i.target for i in module_imports("pkg", pkg / "__init__.py")}
     assert "pkg.sub" in init
     io = CONTRACTS[2]
-    assert forbidden_by(io, "gpud.client") == "gpud.client"
+    assert forbidden_by(io, "gpud.wire.client") == "gpud.wire.client"
     assert forbidden_by(io, "zmq.asyncio") == "zmq"
-    assert forbidden_by(io, "gpud.endpoints") is None
+    assert forbidden_by(io, "gpud.model.endpoints") is None
     assert forbidden_by(io, "socket", static=False) is None
 
 
 def test_runtime_check_names_the_importer() -> None:
     """The probe traces a module loaded on the way back to what the test imported."""
-    loaded = import_fresh(["gpud.client"])
+    loaded = import_fresh(["gpud.wire.client"])
     assert "zmq" in loaded.modules
-    assert loaded.chain("zmq").endswith("gpud.client ← the test")
-    assert loaded.chain("gpud.client") == "gpud.client ← the test"
+    assert loaded.chain("zmq").endswith("gpud.wire.client ← the test")
+    assert loaded.chain("gpud.wire.client") == "gpud.wire.client ← the test"
 
 
 #: What `gpuctl ps` never needs (issue 22 §4: a whole `gpuctl ps` under 200 ms, most of it

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpud.client import Client, NodeTarget
-from gpud.protocol import RunSummary
-from gpud.runmodel import RunState
+from gpud.model.run import RunState
+from gpud.wire.client import Client, NodeTarget
+from gpud.wire.protocol import RunSummary
 from tui.model.fleet import FleetModel
 from tui.model.runs import RunView
 

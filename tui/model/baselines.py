@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpud.baselines import BaselineFileError, baselines_path, load_baselines
-from gpud.scaling import ScalingResult
+from gpud.scaling.arithmetic import ScalingResult
+from gpud.scaling.baselines import BaselineFileError, baselines_path, load_baselines
 
 CHECK_S = 2.0
 

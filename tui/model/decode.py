@@ -1,6 +1,6 @@
 """Decoding events in one pass: the envelope and its body validated together.
 
-`gpud.protocol.decode_event` validates the envelope with an untyped body, then the body
+`gpud.wire.protocol.decode_event` validates the envelope with an untyped body, then the body
 again from Python objects; for a node snapshot (30 kB of JSON with 8 GPUs and their
 NVLinks) that is twice the work, and snapshots are most of what gputop decodes. Here each
 topic kind has a typed envelope, so the JSON is validated straight into its model; any
@@ -9,16 +9,16 @@ other topic falls back to `decode_event`. The result is the same `Event`.
 
 from __future__ import annotations
 
-from gpud.brief import NodeBrief
-from gpud.protocol import (
+from gpud.model.run import HealthSummary, RunEvent
+from gpud.model.snapshot import NodeSnapshot
+from gpud.wire.brief import NodeBrief
+from gpud.wire.protocol import (
     Event,
     RunLogEvent,
     RunMetricsEvent,
     RunSummary,
     decode_event,
 )
-from gpud.runmodel import HealthSummary, RunEvent
-from gpud.snapshot import NodeSnapshot
 
 
 class _HwEvent(Event):
@@ -73,7 +73,7 @@ def _envelope(topic: bytes) -> type[Event] | None:
 
 
 def decode(frames: list[bytes]) -> Event:
-    """Like `gpud.protocol.decode_event`; raises ValidationError or ValueError on garbage."""
+    """Like `gpud.wire.protocol.decode_event`; raises ValidationError or ValueError on garbage."""
     if len(frames) != 2:
         raise ValueError(f"an event has 2 frames, got {len(frames)}")
     envelope = _envelope(frames[0])

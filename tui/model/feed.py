@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable
 import zmq
 from pydantic import ValidationError
 
-from gpud.client import (
+from gpud.model.endpoints import events_endpoint_for
+from gpud.security.keys import KeyFileError, KeyPair, load_client_keypair
+from gpud.wire.client import (
     Client,
     ClientError,
     ConfigError,
@@ -35,9 +37,7 @@ from gpud.client import (
     Subscription,
     Unreachable,
 )
-from gpud.endpoints import events_endpoint_for
-from gpud.keys import KeyFileError, KeyPair, load_client_keypair
-from gpud.protocol import (
+from gpud.wire.protocol import (
     RUN_METRICS,
     RUN_STATUS,
     Event,

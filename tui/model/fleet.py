@@ -15,10 +15,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpud.brief import NodeBrief
 from gpud.efficiency.goodput import Goodput
-from gpud.endpoints import canonical_endpoint
-from gpud.protocol import (
+from gpud.model.endpoints import canonical_endpoint
+from gpud.model.run import AttemptRecord, HealthSummary, RunEvent
+from gpud.model.snapshot import NodeEvent, NodeSnapshot
+from gpud.scaling.arithmetic import LiveEfficiency, live_efficiency
+from gpud.wire.brief import NodeBrief
+from gpud.wire.protocol import (
     Event,
     LogChunk,
     MetricsReply,
@@ -29,9 +32,6 @@ from gpud.protocol import (
     RunMetricsEvent,
     RunSummary,
 )
-from gpud.runmodel import AttemptRecord, HealthSummary, RunEvent
-from gpud.scaling import LiveEfficiency, live_efficiency
-from gpud.snapshot import NodeEvent, NodeSnapshot
 from tui.model.baselines import BaselineBook
 from tui.model.nodes import NodeView
 from tui.model.runs import RunView
@@ -506,7 +506,8 @@ class FleetModel:
                 if rank.pid == pid and self._rank_on(run, rank.node_rank, key):
                     return ProcessOwner(run.id, rank.rank, rank.local_rank, "health")
         # Simulated GPUs carry a running rank as load on the GPU its local rank was given
-        # (CUDA_VISIBLE_DEVICES[LOCAL_RANK], gpud/runs/simload.py): the lease maps it back.
+        # (CUDA_VISIBLE_DEVICES[LOCAL_RANK], gpud/runs/placement/simload.py): the lease maps it
+        # back.
         if not node.simulated:
             return None
         held = self.gpu_holder(key, gpu_index)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpud.client import Client, NodeTarget
-from gpud.protocol import NODE_DRAIN, NODE_UNDRAIN, DrainReply, DrainRequest, UndrainRequest
+from gpud.wire.client import Client, NodeTarget
+from gpud.wire.protocol import NODE_DRAIN, NODE_UNDRAIN, DrainReply, DrainRequest, UndrainRequest
 from tui.model.actions import ActionRefused
 from tui.model.fleet import FleetModel
 

@@ -4,7 +4,7 @@ Lines keep torchrun's `[default<local_rank>]:` prefix on the wire; here each lin
 local and global rank (global = node_rank × nproc + local_rank). A tail fetched with
 `run.logs` and the live `run.<id>.log` events can overlap: live lines the fetched chunk
 already covers (by byte offset) are dropped, and fetched lines sort before live ones. A
-mark where a bounded log dropped lines (`gpud.protocol.LOG_MARK_PREFIX`) passes every rank
+mark where a bounded log dropped lines (`gpud.wire.protocol.LOG_MARK_PREFIX`) passes every rank
 filter.
 """
 
@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from gpud.protocol import is_log_mark
-from gpud.runs.logparse import split_rank  # torchrun's `[default1]:`, torch's `[rank1]: `
+from gpud.runs.diagnosis.logparse import split_rank  # torchrun's `[default1]:`, torch's `[rank1]: `
+from gpud.wire.protocol import is_log_mark
 
 LINES_KEPT = 5000
 

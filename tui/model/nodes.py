@@ -18,7 +18,8 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from gpud.brief import (
+from gpud.model.snapshot import NodeEvent, NodeSnapshot
+from gpud.wire.brief import (
     NodeBrief,
     NodeHealthBrief,
     activity_pct,
@@ -27,9 +28,8 @@ from gpud.brief import (
     node_brief,
     throttle_reasons,
 )
-from gpud.client import NodeTarget
-from gpud.protocol import NodeInfo
-from gpud.snapshot import NodeEvent, NodeSnapshot
+from gpud.wire.client import NodeTarget
+from gpud.wire.protocol import NodeInfo
 from tui.model.series import Recent
 
 #: Silence after which a node is offline, at the default 1 s interval.

@@ -16,11 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpud.brief import RunBrief
 from gpud.efficiency.goodput import Goodput
 from gpud.efficiency.model import RunFlops
-from gpud.protocol import MetricsReply, RunSummary
-from gpud.runmodel import (
+from gpud.model.run import (
     SAMPLES_PER_S_NAMES,
     TOKENS_PER_S_NAMES,
     FailureCause,
@@ -31,6 +29,8 @@ from gpud.runmodel import (
     gpus_by_node_text,
     verdict_word,
 )
+from gpud.wire.brief import RunBrief
+from gpud.wire.protocol import MetricsReply, RunSummary
 from tui.model.logs import LogBuffer
 from tui.model.series import MetricSeries
 
@@ -121,7 +121,7 @@ class RunView:
         self.version += 1
 
     def add_brief(self, node_key: str, brief: RunBrief, when: float) -> bool:
-        """A run's line in a node's brief (`gpud.brief`): its state, step and values move
+        """A run's line in a node's brief (`gpud.wire.brief`): its state, step and values move
         with it; returns whether that node's full record must be asked for (the run is
         new here, or its state or attempt moved, and with them its reason)."""
         part = self.parts.get(brief.node_rank)

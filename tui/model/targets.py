@@ -23,9 +23,14 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpud.client import ConfigError, NodeTarget, known_targets, resolve_target
-from gpud.endpoints import DEFAULT_EVENTS_PORT, AddressError, canonical_endpoint, parse_endpoint
-from gpud.protocol import describe_validation_error
+from gpud.model.endpoints import (
+    DEFAULT_EVENTS_PORT,
+    AddressError,
+    canonical_endpoint,
+    parse_endpoint,
+)
+from gpud.wire.client import ConfigError, NodeTarget, known_targets, resolve_target
+from gpud.wire.protocol import describe_validation_error
 
 
 class TargetError(Exception):

@@ -13,7 +13,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Static
 
-from gpud.client import ClientError
+from gpud.wire.client import ClientError
 from tui.model import units
 from tui.model.actions import ActionRefused
 from tui.model.fleet import FleetModel

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from gpud.snapshot import GpuSample, PodRef
+from gpud.model.snapshot import GpuSample, PodRef
 from tui.model import units
 from tui.model.fleet import FleetModel
 from tui.model.nodes import NodeView

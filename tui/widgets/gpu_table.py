@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gpud.snapshot import GpuSample
+from gpud.model.snapshot import GpuSample
 from tui.model import units
 from tui.model.fleet import FleetModel
 from tui.model.nodes import NodeView, activity_pct, memory_pct, throttle_reasons

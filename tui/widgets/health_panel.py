@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
-from gpud.runmodel import FailureCause, GpuTrouble, HealthSummary, RunState, verdict_word
+from gpud.model.run import FailureCause, GpuTrouble, HealthSummary, RunState, verdict_word
 from tui.model import units
 from tui.model.runs import Ending, RunView
 from tui.widgets.runs_table import STATE_STYLES, VERDICT_STYLES

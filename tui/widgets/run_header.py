@@ -11,8 +11,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from gpud.efficiency.model import flops_text
-from gpud.runmodel import Attachment
-from gpud.scaling import LiveEfficiency
+from gpud.model.run import Attachment
+from gpud.scaling.arithmetic import LiveEfficiency
 from tui.model import units
 from tui.model.runs import RunView
 from tui.widgets.runs_table import STATE_STYLES, shape

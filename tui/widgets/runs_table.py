@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from gpud.runmodel import NO_HEARTBEATS_WORD, RunState, steps_text
+from gpud.model.run import NO_HEARTBEATS_WORD, RunState, steps_text
 from tui.model import units
 from tui.model.fleet import FleetModel
 from tui.model.runs import RunView

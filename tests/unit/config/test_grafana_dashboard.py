@@ -11,9 +11,9 @@ from typing import Any
 
 from gpud.efficiency.goodput import Goodput, GoodputClock
 from gpud.efficiency.model import RunFlops
+from gpud.model.run import HealthSummary, RunState
 from gpud.prometheus.series import RunOnNode, run_families
-from gpud.protocol import RunSummary
-from gpud.runmodel import HealthSummary, RunState
+from gpud.wire.protocol import RunSummary
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "config" / "grafana" / "gpud.json"
 

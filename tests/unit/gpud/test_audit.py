@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpud.audit import KEEP, REFUSED_LOG, AuditLog
+from gpud.security.audit import KEEP, REFUSED_LOG, AuditLog
 from tests.support.clock import ManualClock
 
 NOT_FOUND = "not_found"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from gpud.audit import local_user
-from gpud.auth import (
+from gpud.security.audit import local_user
+from gpud.security.auth import (
     RECHECK_S,
     Authorizer,
     Caller,
@@ -22,8 +22,8 @@ from gpud.auth import (
     read_authorized_keys,
     revoke,
 )
-from gpud.keys import KeyFileError, check_public_key, load_or_create_keypair
-from gpud.protocol import Role
+from gpud.security.keys import KeyFileError, check_public_key, load_or_create_keypair
+from gpud.wire.protocol import Role
 
 
 def new_public_key() -> str:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpud.baselines import BaselineFileError, load_baselines, save_baseline
-from gpud.scaling import NodeHardware, ScalingPoint, ScalingResult
+from gpud.scaling.arithmetic import NodeHardware, ScalingPoint, ScalingResult
+from gpud.scaling.baselines import BaselineFileError, load_baselines, save_baseline
 
 
 def result(name: str, value: float) -> ScalingResult:

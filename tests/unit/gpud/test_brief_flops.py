@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpud.brief import run_brief
 from gpud.efficiency.model import RunFlops
-from gpud.protocol import RunSummary
-from gpud.runmodel import HealthSummary, RunState
+from gpud.model.run import HealthSummary, RunState
+from gpud.wire.brief import run_brief
+from gpud.wire.protocol import RunSummary
 
 
 def summary(state: RunState) -> RunSummary:

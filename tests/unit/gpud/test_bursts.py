@@ -1,4 +1,4 @@
-"""Bursts of the same thing told once, then as counts (gpud/bursts.py)."""
+"""Bursts of the same thing told once, then as counts (gpud/security/bursts.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gpud.bursts import OTHERS, Bursts, ThrottledLog
+from gpud.security.bursts import OTHERS, Bursts, ThrottledLog
 from tests.support.clock import ManualClock
 
 

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from gpud import protocol
-from gpud.protocol import (
+from gpud.model.snapshot import NodeEvent
+from gpud.wire import protocol
+from gpud.wire.protocol import (
     NodeEventsReply,
     UnknownKind,
     decode_event,
     encode_event,
     node_event_topic,
 )
-from gpud.snapshot import NodeEvent
 from tests.support.wire_examples import STRICT, example, roots, wire_models
 
 MODELS = wire_models()

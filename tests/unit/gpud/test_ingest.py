@@ -15,8 +15,8 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from gpud.ingest import Ingest
-from gpud.runmodel import HeartbeatMessage, TrainerMessage
+from gpud.model.run import HeartbeatMessage, TrainerMessage
+from gpud.wire.ingest import Ingest
 
 BEAT = {
     "run": "r-1", "attempt": 1, "time": 1.0, "rank": 0, "local_rank": 0, "world_size": 2,

@@ -1,8 +1,8 @@
-"""Which key may open another events connection (gpud/keygate.py)."""
+"""Which key may open another events connection (gpud/security/keygate.py)."""
 
 from __future__ import annotations
 
-from gpud.keygate import KeyGate
+from gpud.security.keygate import KeyGate
 from tests.support.clock import ManualClock
 
 

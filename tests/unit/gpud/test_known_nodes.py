@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpud.endpoints import AddressError, events_endpoint_for, is_loopback, parse_endpoint
-from gpud.known_nodes import KnownNode, forget_node, load_known_nodes, remember_node
+from gpud.model.endpoints import AddressError, events_endpoint_for, is_loopback, parse_endpoint
+from gpud.security.known_nodes import KnownNode, forget_node, load_known_nodes, remember_node
 
 
 @pytest.mark.parametrize(

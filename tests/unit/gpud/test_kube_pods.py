@@ -12,7 +12,7 @@ import pytest
 
 from gpud.kube.podresources import Allocation, PodResourcesError
 from gpud.kube.pods import REFRESH_S, RETRY_S, KubePods, on_kubernetes, pod_uid_in_cgroup
-from gpud.snapshot import GpuProcess, GpuSample, PodRef
+from gpud.model.snapshot import GpuProcess, GpuSample, PodRef
 
 UID = "0e3f4a52-7b1c-4f7e-9a3d-2c1b5e6f7a80"
 SYSTEMD_UID = UID.replace("-", "_")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpud.ledger import COMPONENTS, CpuLedger, next_beat, until_beat
+from gpud.node.ledger import COMPONENTS, CpuLedger, next_beat, until_beat
 
 
 def spin(seconds: float) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from gpud.efficiency.goodput import Goodput, GoodputClock
 from gpud.efficiency.mfu import SIMULATED
 from gpud.efficiency.model import RunFlops
+from gpud.model.run import HealthSummary, NodeRef, RankView, RunState, Stall
 from gpud.prometheus.series import RunOnNode, run_families
-from gpud.protocol import RunSummary
-from gpud.runmodel import HealthSummary, NodeRef, RankView, RunState, Stall
+from gpud.wire.protocol import RunSummary
 
 
 def summary(state: RunState = RunState.RUNNING, **values: float) -> RunSummary:

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from gpud import __version__
+from gpud.model.snapshot import NodeEvent, NodeSnapshot
 from gpud.notify.targets import Webhook
-from gpud.protocol import (
+from gpud.wire.protocol import (
     METHODS,
     MIN_PROTOCOL,
     NODE_EVENTS,
@@ -32,7 +33,6 @@ from gpud.protocol import (
     hw_topic,
     node_event_topic,
 )
-from gpud.snapshot import NodeEvent, NodeSnapshot
 from tests.support.samples import host_sample
 
 HOST = host_sample()

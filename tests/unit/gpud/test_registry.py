@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from gpud.auth import Caller
-from gpud.control import Binding, IncompleteRegistry, Registry, bind
 from gpud.daemon import Daemon
-from gpud.protocol import METHODS, NODE_INFO, Empty, NodeInfo
+from gpud.security.auth import Caller
 from gpud.settings import ServeSettings
+from gpud.wire.control import Binding, IncompleteRegistry, Registry, bind
+from gpud.wire.protocol import METHODS, NODE_INFO, Empty, NodeInfo
 from tests.support.daemons import free_port
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gpud.protocol import RunSummary
-from gpud.runmodel import RankView, RunState, completed_steps, steps_text
+from gpud.model.run import RankView, RunState, completed_steps, steps_text
+from gpud.wire.protocol import RunSummary
 
 
 def summary(last_step: int | None, max_steps: int | None = 20) -> RunSummary:

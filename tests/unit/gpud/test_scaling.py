@@ -1,6 +1,6 @@
-"""The scaling arithmetic (gpud/scaling.py): which steps are timed, where throughput comes
-from, the heartbeats' split, ratios against the smallest count, and a live run against a
-baseline. Runs' records are built by hand here; tests/integration/test_scaling.py takes
+"""The scaling arithmetic (gpud/scaling/arithmetic.py): which steps are timed, where throughput
+comes from, the heartbeats' split, ratios against the smallest count, and a live run against
+a baseline. Runs' records are built by hand here; tests/integration/test_scaling.py takes
 them from real runs."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import pytest
 
 from gpud.efficiency.mfu import SIMULATED
 from gpud.efficiency.model import RunFlops
-from gpud.protocol import MetricRow
-from gpud.runmodel import HealthSummary, RankView
-from gpud.scaling import (
+from gpud.model.run import HealthSummary, RankView
+from gpud.scaling.arithmetic import (
     RANK_STEPS,
     SAMPLES,
     TOKENS,
@@ -24,6 +23,7 @@ from gpud.scaling import (
     timed_window,
     with_ratios,
 )
+from gpud.wire.protocol import MetricRow
 
 
 def rows(times: dict[int, float], attempt: int = 1, **values: float) -> list[MetricRow]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.sizes import SizeError, parse_size, size_text
+from gpud.model.sizes import SizeError, parse_size, size_text
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from gpud import __version__
-from gpud.runmodel import AttemptRecord, MetricPoint, RunEvent, RunRecord, RunState
-from gpud.snapshot import NodeEvent
-from gpud.statedir import StateDir, StateDirBusy, held_by
-from gpud.store import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, Store, StoreFull
+from gpud.model.run import AttemptRecord, MetricPoint, RunEvent, RunRecord, RunState
+from gpud.model.snapshot import NodeEvent
+from gpud.node.statedir import StateDir, StateDirBusy, held_by
+from gpud.node.store import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, Store, StoreFull
 
 #: A run as gpud 0.1.0 stored it (its RunRecord had no `bandwidth` nor `awaiting_start`).
 RUN_0_1_0 = {

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpud.protocol import RunSummary
-from gpud.runmodel import NO_HEARTBEATS, HealthSummary, RankView, RunState
+from gpud.model.run import NO_HEARTBEATS, HealthSummary, RankView, RunState
+from gpud.wire.protocol import RunSummary
 from launch.gpuctl.follow import progress_line
 from launch.gpuctl.observe import render_health
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpud.auth import authorized_keys_path, read_authorized_keys
+from gpud.security.auth import authorized_keys_path, read_authorized_keys
 from launch.gpuctl.main import cli
 
 DASH_KEYS = [

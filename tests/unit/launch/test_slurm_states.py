@@ -3,7 +3,7 @@ prints them, whether accounting is on, and how a run Slurm ended reads."""
 
 from __future__ import annotations
 
-from gpud.runmodel import CauseKind, RunState
+from gpud.model.run import CauseKind, RunState
 from launch.slurm_states import (
     JobRun,
     accounting_on,

@@ -46,7 +46,7 @@ def test_without_either_the_line_says_there_is_no_rate_even_on_a_simulated_gpu()
 
 
 def test_a_scripts_pace_is_over_the_steps_it_printed_lately() -> None:
-    from gpud.runs.telemetry import PACE_WINDOW_S, _RunTelemetry
+    from gpud.runs.health.telemetry import PACE_WINDOW_S, _RunTelemetry
 
     state = _RunTelemetry(attempt=1)
     assert state.pace(100.0) is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpud.hardware.events import detect_events
-from gpud.snapshot import GpuSample, NodeSnapshot, NvLinkSample, XidRecord, XidSummary
+from gpud.model.snapshot import GpuSample, NodeSnapshot, NvLinkSample, XidRecord, XidSummary
 from tests.support.samples import host_sample
 
 HOST = host_sample()

@@ -12,8 +12,8 @@ import pytest
 
 from gpud.hardware.nvml import NvmlSampler, NvmlUnavailable
 from gpud.hardware.nvml_fields import clock_event_reasons, cuda_version, memory_temperature_c
-from gpud.runs.gpus import Gpu, choose, closeness_from
-from gpud.snapshot import GpuSample
+from gpud.model.snapshot import GpuSample
+from gpud.runs.placement.gpus import Gpu, choose, closeness_from
 from tests.unit.gpud.hardware.fake_nvml import (
     DATACENTER_UNSUPPORTED,
     GIB,

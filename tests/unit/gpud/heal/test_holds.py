@@ -9,8 +9,8 @@ import pytest
 
 from gpud.heal.holds import HoldError, Holds
 from gpud.heal.rules import FATAL_XIDS, unsafe
-from gpud.snapshot import GpuSample, NodeSnapshot, XidRecord, XidSummary
-from gpud.store import Store
+from gpud.model.snapshot import GpuSample, NodeSnapshot, XidRecord, XidSummary
+from gpud.node.store import Store
 from tests.support.samples import host_sample
 
 

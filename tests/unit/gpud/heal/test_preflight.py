@@ -14,8 +14,8 @@ from gpud.heal.preflight import (
     slow_nodes,
     with_figures,
 )
-from gpud.protocol import PartPreflight
-from gpud.snapshot import GpuProcess, GpuSample, XidRecord, XidSummary
+from gpud.model.snapshot import GpuProcess, GpuSample, XidRecord, XidSummary
+from gpud.wire.protocol import PartPreflight
 
 GIB = 2**30
 NOW = 10_000.0

@@ -8,10 +8,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from gpud.model.run import RunState
 from gpud.notify.alerts import Alert, AlertCause, AlertGpu, AlertRun
 from gpud.notify.payloads import cut, render
 from gpud.notify.targets import DEFAULT_EVENTS, EventKind, Webhook, redact, secrets_of
-from gpud.runmodel import RunState
 
 SLACK = "https://hooks.slack.com/services/T0AAA/B0BBB/s3cr3tt0k3n"
 

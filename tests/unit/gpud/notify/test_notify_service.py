@@ -13,10 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpud.notify.sender import Answer, Sender
-from gpud.notify.service import Notifier
-from gpud.notify.targets import Webhook
-from gpud.runmodel import (
+from gpud.model.run import (
     CauseKind,
     FailureCause,
     HealthSummary,
@@ -25,9 +22,12 @@ from gpud.runmodel import (
     RunState,
     Stall,
 )
-from gpud.runs.book import RunBook
-from gpud.snapshot import NodeEvent
-from gpud.store import Store
+from gpud.model.snapshot import NodeEvent
+from gpud.node.store import Store
+from gpud.notify.sender import Answer, Sender
+from gpud.notify.service import Notifier
+from gpud.notify.targets import Webhook
+from gpud.runs.state.book import RunBook
 
 TEAM = "https://hooks.example.com/team/secret-1"
 PAGER = "https://pager.example.com/hook/secret-2"

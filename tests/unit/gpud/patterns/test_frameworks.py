@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpud.patterns.frameworks import Recognizers
-from gpud.runs.logparse import complete_lines, split_rank, torchrun_lines
+from gpud.runs.diagnosis.logparse import complete_lines, split_rank, torchrun_lines
 from tests.support.logs import TORCHRUN_HF_TRAINER
 
 

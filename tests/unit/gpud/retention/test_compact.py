@@ -6,9 +6,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from gpud.model.snapshot import NodeEvent
+from gpud.node.store import MIGRATIONS, Store
 from gpud.retention import compact, rows
-from gpud.snapshot import NodeEvent
-from gpud.store import MIGRATIONS, Store
 
 
 def older_database(path: Path) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpud.model.run import AttemptRecord, RunEvent, RunRecord, RunState
 from gpud.retention.usage import launched_by, usage_of
-from gpud.runmodel import AttemptRecord, RunEvent, RunRecord, RunState
 
 
 def attempt(n: int, gpus: list[int], start: float, end: float) -> AttemptRecord:

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from gpud.attach.wire import AttachRequest, CoordinatorUpdate, EndReport, NodesUpdate
-from gpud.auth import PeerKeys
-from gpud.protocol import NodeRefIn
-from gpud.runmodel import HeartbeatMessage, RunRecord, RunState
-from gpud.runs.attached import REATTACH_S, AttachConfig, AttachedRuns, Peer
-from gpud.runs.book import RunBook
-from gpud.runs.part import Part
-from gpud.store import Store
+from gpud.model.run import HeartbeatMessage, RunRecord, RunState
+from gpud.node.store import Store
+from gpud.runs.lifecycle.attached import REATTACH_S, AttachConfig, AttachedRuns, Peer
+from gpud.runs.state.book import RunBook
+from gpud.runs.state.part import Part
+from gpud.security.auth import PeerKeys
+from gpud.wire.protocol import NodeRefIn
 
 ALICE = Peer(pid=os.getpid(), uid=1001, gid=1001)
 MALLORY = Peer(pid=os.getpid(), uid=1002, gid=1002)

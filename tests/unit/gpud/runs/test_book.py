@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from gpud.runmodel import (
+from gpud.model.run import (
     ACTIVE,
     NEXT_ATTEMPT,
     TERMINAL,
@@ -17,8 +17,8 @@ from gpud.runmodel import (
     RunState,
     can_move,
 )
-from gpud.runs.book import IllegalTransition, RunBook
-from gpud.store import Store
+from gpud.node.store import Store
+from gpud.runs.state.book import IllegalTransition, RunBook
 
 
 class Clock:

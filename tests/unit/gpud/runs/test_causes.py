@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import EARLY_EXIT, EARLY_EXIT_SOURCE, CauseKind, ExitInfo
-from gpud.runs.causes import find_cause, hardware_cause, kind_of, last_traceback, oom_kills
-from gpud.snapshot import GpuSample, XidRecord, XidSummary
+from gpud.model.run import EARLY_EXIT, EARLY_EXIT_SOURCE, CauseKind, ExitInfo
+from gpud.model.snapshot import GpuSample, XidRecord, XidSummary
+from gpud.runs.diagnosis.causes import (
+    find_cause,
+    hardware_cause,
+    kind_of,
+    last_traceback,
+    oom_kills,
+)
 from tests.support.logs import TORCHRUN_EARLY_EXIT, TORCHRUN_FAILURE, TORCHRUN_RAISED
 
 SIGKILLED = TORCHRUN_FAILURE

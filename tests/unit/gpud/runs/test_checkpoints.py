@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runs import checkpoints
-from gpud.runs.checkpoints import newest_checkpoint, unset_dir_warning
+from gpud.runs.state import checkpoints
+from gpud.runs.state.checkpoints import newest_checkpoint, unset_dir_warning
 from launch.spec import RunSpec, parse_spec
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.auth import Caller
-from gpud.protocol import ErrorCode, GangStatus, PartStopRequest, ProtocolError, Role
-from gpud.runmodel import NodeRef, RunRecord, RunState
-from gpud.runs.book import check_member
-from gpud.runs.coordinator_watch import GAP_S, WATCH_S, CoordinatorWatch, stop_for
-from gpud.runs.gang import _orphan_reason
-from gpud.runs.peer_stops import PeerStops
+from gpud.model.run import NodeRef, RunRecord, RunState
+from gpud.runs.multinode.coordinator_watch import GAP_S, WATCH_S, CoordinatorWatch, stop_for
+from gpud.runs.multinode.gang import _orphan_reason
+from gpud.runs.multinode.peer_stops import PeerStops
+from gpud.runs.state.book import check_member
+from gpud.security.auth import Caller
+from gpud.wire.protocol import ErrorCode, GangStatus, PartStopRequest, ProtocolError, Role
 
 NODES = [
     NodeRef(control=f"tcp://10.0.0.{i}:5555", name=f"n{i}", server_key=f"key-{i}") for i in range(3)

@@ -1,13 +1,13 @@
 """Which nodes an elastic attempt uses, and the accumulation that keeps its global batch
-(issue 21 §3): `gpud.runs.elastic`, on hand-made runs and specs."""
+(issue 21 §3): `gpud.runs.multinode.elastic`, on hand-made runs and specs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from gpud.runmodel import NodeRef, RunRecord, RunState
-from gpud.runs.elastic import (
+from gpud.model.run import NodeRef, RunRecord, RunState
+from gpud.runs.multinode.elastic import (
     batch_note,
     choose_members,
     grad_accum_for,

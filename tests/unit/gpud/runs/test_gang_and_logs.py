@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from gpud.model.run import AttemptRecord, RunRecord, RunState
 from gpud.patterns.extract import MetricExtractor
-from gpud.protocol import LogsRequest
-from gpud.runmodel import AttemptRecord, RunRecord, RunState
-from gpud.runs.decide import gang_state
-from gpud.runs.logparse import classify, root_cause, split_rank
-from gpud.runs.logread import read_chunk
-from gpud.runs.ports import NoFreePort, pick_port
+from gpud.runs.diagnosis.logparse import classify, root_cause, split_rank
+from gpud.runs.diagnosis.logread import read_chunk
+from gpud.runs.multinode.decide import gang_state
+from gpud.runs.placement.ports import NoFreePort, pick_port
+from gpud.wire.protocol import LogsRequest
 from tests.support.logs import TORCHRUN_FAILURE
 
 P, S, R, X, OK, F, STOP = (
@@ -171,7 +171,7 @@ def test_ports_skip_leased_and_bound_ones() -> None:
     with socket.socket() as busy:
         busy.bind(("0.0.0.0", 0))
         taken = busy.getsockname()[1]
-        from gpud.runs import ports
+        from gpud.runs.placement import ports
 
         original = ports.PORT_RANGE
         try:

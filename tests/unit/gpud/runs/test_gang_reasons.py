@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpud.runs.gang import _same_words
+from gpud.runs.multinode.gang import _same_words
 
 FULL = (
     "waiting for room: n0: the state dir /s is full (database or disk is full);"

@@ -1,11 +1,11 @@
-"""Which GPUs a part gets (gpud/runs/gpus.py): the spec's `gpus` against the node's GPUs
+"""Which GPUs a part gets (gpud/runs/placement/gpus.py): the spec's `gpus` against the node's GPUs
 and who holds them, on hand-made inputs."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpud.runs.gpus import Gpu, GpuRequestError, GpusBusy, Holder, choose
+from gpud.runs.placement.gpus import Gpu, GpuRequestError, GpusBusy, Holder, choose
 
 EIGHT = [Gpu(i, f"GPU-{i:04d}") for i in range(8)]
 RUN_A = Holder(run_id="llm-a1b2c3", run_name="llm")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpud.runmodel import (
+from gpud.model.run import (
     NO_HEARTBEATS,
     BandwidthView,
     GpuTrouble,
@@ -13,7 +13,7 @@ from gpud.runmodel import (
     RunState,
     verdict_word,
 )
-from gpud.runs.health import (
+from gpud.runs.health.verdict import (
     assess,
     assess_by_output,
     baseline_for,

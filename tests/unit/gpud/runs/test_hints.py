@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpud.runmodel import CauseKind, ExitInfo, FailureCause
-from gpud.runs.causes import find_cause, full_disk
-from gpud.runs.hints import HINTS, HintFacts, for_run, hint_for, matching
+from gpud.model.run import CauseKind, ExitInfo, FailureCause
+from gpud.runs.diagnosis.causes import find_cause, full_disk
+from gpud.runs.diagnosis.hints import HINTS, HintFacts, for_run, hint_for, matching
 from launch.autotune import recommend
 from tests.support.logs import (
     CUDA_OOM_MESSAGE,
@@ -221,7 +221,7 @@ def test_a_full_disk_hint_names_the_dir_and_the_cure_for_each(tmp_path: Path) ->
     full = full_disk(Path("/var/lib/gpud/runs/r-1/attempt-1"), "the state dir /var/lib/gpud",
                      free_of=lambda _: 40_000)  # fmt: skip
     assert full == "the state dir /var/lib/gpud is full (ENOSPC: 0.0 MB free)"
-    died = FailureCause(  # as gpud.runs.part writes it
+    died = FailureCause(  # as gpud.runs.state.part writes it
         kind=CauseKind.ENVIRONMENT, summary=f"the shim process died: {full}; its part was killed"
     )
     found = matching(died)

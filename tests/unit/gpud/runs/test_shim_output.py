@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpud.runs import shim
+from gpud.runs.process import shim
 
 
 def pumping(log_path: Path) -> tuple[int, int, shim.OutputPump]:

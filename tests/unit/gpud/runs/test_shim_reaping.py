@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from gpud.runs.part import _Shims
+from gpud.runs.state.part import _Shims
 from tests.support.waiting import until
 
 

@@ -1,4 +1,4 @@
-"""Runs as load on simulated GPUs (gpud.runs.simload), with real processes."""
+"""Runs as load on simulated GPUs (gpud.runs.placement.simload), with real processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from gpud.runs.simload import SimulatedLoads
+from gpud.runs.placement.simload import SimulatedLoads
 
 BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n"
 

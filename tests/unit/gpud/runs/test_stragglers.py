@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpud.runmodel import Straggler
-from gpud.runs.stragglers import CLEAR_AT, NAME_AT, SETTLE_S, WINDOWS, StragglerWatch
+from gpud.model.run import Straggler
+from gpud.runs.health.stragglers import CLEAR_AT, NAME_AT, SETTLE_S, WINDOWS, StragglerWatch
 
 
 def slow(rank: int, ratio: float = 2.0) -> Straggler:
