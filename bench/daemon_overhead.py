@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 
 from gpud.model.run import HealthSummary  # noqa: E402
 from gpud.security.keys import load_client_keypair  # noqa: E402
-from gpud.wire.brief import node_brief, sum_topic  # noqa: E402
+from gpud.wire.brief import sum_topic  # noqa: E402
+from gpud.wire.briefing import node_brief  # noqa: E402
 from gpud.wire.client import Client, RequestFailed  # noqa: E402
 from gpud.wire.protocol import (  # noqa: E402
     NODE_INFO,

@@ -57,7 +57,9 @@ from gpud.hardware.simulated import SimulatedLoad, SimulatedSampler  # noqa: E40
 from gpud.model.run import HealthSummary, NodeRef, RankView, RunState  # noqa: E402
 from gpud.model.snapshot import HostSample, NodeSnapshot  # noqa: E402
 from gpud.security.keys import KeyPair, load_or_create_client_keypair  # noqa: E402
-from gpud.wire.brief import node_brief, sum_topic  # noqa: E402
+from gpud.security.roles import Role  # noqa: E402
+from gpud.wire.brief import sum_topic  # noqa: E402
+from gpud.wire.briefing import node_brief  # noqa: E402
 from gpud.wire.client import NodeTarget  # noqa: E402
 from gpud.wire.protocol import (  # noqa: E402
     ErrorCode,
@@ -67,7 +69,6 @@ from gpud.wire.protocol import (  # noqa: E402
     NodeEventsReply,
     NodeInfo,
     ProtocolError,
-    Role,
     RunList,
     RunLogEvent,
     RunMetricsEvent,

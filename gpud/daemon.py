@@ -73,8 +73,10 @@ from gpud.security.keys import (
     server_key_dir,
 )
 from gpud.security.known_nodes import KnownNode, remember_node
+from gpud.security.roles import Role
 from gpud.settings import ServeSettings
-from gpud.wire.brief import node_brief, sum_topic
+from gpud.wire.brief import sum_topic
+from gpud.wire.briefing import node_brief
 from gpud.wire.control import (
     CONTROL_LIMITS,
     Binding,
@@ -126,7 +128,6 @@ from gpud.wire.protocol import (
     NodeInfo,
     NotifyTestReply,
     NotifyTestRequest,
-    Role,
     UndrainRequest,
     hw_topic,
     node_event_topic,

@@ -9,12 +9,9 @@ checkpoint, what to resume from, the training hints) and the presets a spec can 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from launch.placement import Placement
 from launch.spec import NcclSettings, RunSpec, TrainingHints, WandbSettings
-
-if TYPE_CHECKING:  # backends imports this module; the type is only needed for checking
-    from launch.backends import Placement
 
 
 def scaled_lr(hints: TrainingHints, world_size: int) -> float | None:

@@ -232,14 +232,3 @@ class GpuTop(App[None]):
 
     def _notify_from_thread(self, message: str, severity: Any) -> None:
         self.call_from_thread(self.notify, message, severity=severity, timeout=8, markup=False)
-
-
-def main() -> None:
-    """The `gputop` console script."""
-    from tui.cli import main as cli_main
-
-    cli_main()
-
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,9 @@ import tempfile
 from pathlib import Path
 
 from gpud.node.paths import ensure_private_dir
-from gpud.security.audit import AUDIT_LOG
+
+#: The audit log's name in a state dir (`gpud.security.audit` writes it).
+AUDIT_LOG = "audit.log"
 
 
 class StateDirBusy(Exception):

@@ -46,8 +46,7 @@ DEFAULT_MAX_BYTES = 64 * 2**20
 log = logging.getLogger("gpud.audit")
 _unwritten = ThrottledLog(log)
 
-#: The audit log's name in a state dir, and its refusals' beside it.
-AUDIT_LOG = "audit.log"
+#: The audit log's refusals, beside it in the state dir.
 REFUSED_LOG = "audit-refused.log"
 #: The share of the bound that refusals may use (accepted records keep the rest).
 REFUSED_SHARE = 0.25

@@ -23,11 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from zmq.auth.thread import ThreadAuthenticator
 
 from gpud.node.paths import atomic_write, exclusive
-from gpud.security.audit import AUDIT_LOG, AuditRecord, append_record, local_user
+from gpud.node.statedir import AUDIT_LOG
+from gpud.security.audit import AuditRecord, append_record, local_user
 from gpud.security.bursts import ThrottledLog
 from gpud.security.keygate import KeyGate
 from gpud.security.keys import KeyFileError, check_public_key
-from gpud.wire.protocol import Role
+from gpud.security.roles import Role
 
 log = logging.getLogger("gpud.auth")
 

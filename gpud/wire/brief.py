@@ -2,9 +2,10 @@
 
 A full `hw.<node>` snapshot is ~30 kB of JSON for 8 GPUs (every NVML field, NVLinks,
 processes); a view of 256 nodes needs per GPU only its activity, memory and trouble, and
-per node its health and its runs. The brief is ~1 kB, built here from the snapshot and
-this node's runs (pure: no I/O), so gputop's fleet and runs screens subscribe to briefs
-only and ask for a full snapshot or a run's every event only for what is on screen.
+per node its health and its runs. The brief is ~1 kB, built from the snapshot and this
+node's runs (pure: no I/O; `gpud.wire.briefing` builds it), so gputop's fleet and runs
+screens subscribe to briefs only and ask for a full snapshot or a run's every event only
+for what is on screen.
 
 The trouble counts are computed here once, by the same functions gputop uses on a full
 snapshot (`node_health`), so both views agree.
@@ -12,19 +13,14 @@ snapshot (`node_health`), so both views agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from pydantic import Field
 
 from gpud.model.run import (
     SAMPLES_PER_S_NAMES,
     TOKENS_PER_S_NAMES,
-    TRAINING,
-    HealthSummary,
     RunState,
 )
 from gpud.model.snapshot import Backend, GpuSample, NodeSnapshot, Reading
-from gpud.wire.protocol import RunSummary
 
 #: Clock-event reasons that mean the GPU is being slowed down (not idle, not app clocks).
 SLOWDOWN_REASONS = frozenset(
@@ -166,45 +162,4 @@ def gpu_brief(gpu: GpuSample) -> GpuBrief:
         activity_pct=activity_pct(gpu),
         memory_pct=memory_pct(gpu),
         throttled=bool(throttle_reasons(gpu)),
-    )
-
-
-def run_brief(summary: RunSummary, health: HealthSummary | None) -> RunBrief:
-    values = {k: v for k in BRIEF_VALUES if (v := summary.last_values.get(k)) is not None}
-    flops = health.flops if health is not None and summary.state in TRAINING else None
-    return RunBrief(
-        id=summary.id,
-        name=summary.name,
-        state=summary.state,
-        attempt=summary.attempt,
-        node_rank=summary.node_rank,
-        last_step=summary.last_step,
-        max_steps=summary.max_steps,
-        values=values,
-        verdict=health.verdict if health is not None else None,
-        judged_from_output=health is not None and health.judged_from_output,
-        flops_per_second=flops.flops_per_second if flops else None,
-        mfu=flops.mfu if flops else None,
-    )
-
-
-def shown(summary: RunSummary, now: float) -> bool:
-    """Active, or ended within `ENDED_KEPT_S`."""
-    return not summary.state.terminal or now - summary.state_since <= ENDED_KEPT_S
-
-
-def node_brief(
-    snapshot: NodeSnapshot,
-    runs: Iterable[tuple[RunSummary, HealthSummary | None]] = (),
-) -> NodeBrief:
-    return NodeBrief(
-        node=snapshot.node,
-        seq=snapshot.seq,
-        time=snapshot.time,
-        interval_s=snapshot.interval_s,
-        backend=snapshot.backend,
-        simulated=snapshot.simulated,
-        gpus=[gpu_brief(g) for g in snapshot.gpus],
-        health=node_health(snapshot),
-        runs=[run_brief(s, h) for s, h in runs if shown(s, snapshot.time)],
     )

@@ -38,6 +38,7 @@ from gpud.security.audit import AuditLog
 from gpud.security.auth import Authorizer, Caller
 from gpud.security.bursts import ThrottledLog
 from gpud.security.guard import ConnectionGuard, Limits, user_id
+from gpud.security.roles import Role
 from gpud.wire.drain import Frames, SocketDrain
 from gpud.wire.protocol import (
     MAX_FRAME_BYTES,
@@ -49,7 +50,6 @@ from gpud.wire.protocol import (
     ProtocolError,
     ReplyT,
     RequestT,
-    Role,
     decode_request,
     encode_error,
     encode_reply,

@@ -46,6 +46,8 @@ from gpud.model.run import (
 from gpud.model.snapshot import Backend, Hold, NodeEvent, NodeSnapshot, Reading, known_node_events
 from gpud.notify.targets import Format, Webhook, redact
 from gpud.retention.usage import RunUsage
+from gpud.security.roles import Role
+from gpud.wire.brief import NodeBrief
 
 #: The protocol this code speaks, and the oldest it still serves: a request whose `v` is
 #: outside is refused with one line naming both. 1: gpud 0.1.0. 2: gpud 0.2.0 — lenient
@@ -74,22 +76,6 @@ def too_large(size: int, method: str | None = None) -> str:
         line += ": make the spec smaller (a large DeepSpeed config, env or args belong in a"
         line += " file the script reads)"
     return line
-
-
-class Role(str, Enum):
-    """What a client key may do.
-
-    An operator can do everything. A viewer reads. A peer is another node's daemon acting
-    as the coordinator of a run that has a part here: it may start, stop and query that
-    run's parts, and nothing else (the handler checks which run).
-    """
-
-    VIEWER = "viewer"
-    OPERATOR = "operator"
-    PEER = "peer"
-
-    def allows(self, needed: Role) -> bool:
-        return self is Role.OPERATOR or needed is self
 
 
 class ErrorCode(str, Enum):
@@ -1026,8 +1012,6 @@ def _event_body_model(topic: str) -> type[BaseModel] | None:
     if topic.startswith("hw."):
         return NodeSnapshot
     if topic.startswith("sum."):
-        from gpud.wire.brief import NodeBrief  # built on this module's RunSummary
-
         return NodeBrief
     if topic.startswith("node.") and topic.endswith(".event"):
         return NodeEvent

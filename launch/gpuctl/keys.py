@@ -36,7 +36,7 @@ from gpud.security.known_nodes import (
     load_known_nodes,
     remember_node,
 )
-from gpud.wire.protocol import Role
+from gpud.security.roles import Role
 from launch.gpuctl.context import EXIT_FAILED, EXIT_USAGE, Ctl, fail, json_option
 from launch.gpuctl.output import emit_json, table
 

@@ -20,8 +20,8 @@ import pytest
 import zmq
 
 from gpud.security.audit import local_user
+from gpud.security.roles import Role
 from gpud.wire.client import RequestFailed
-from gpud.wire.protocol import Role
 from tests.support.adversary import (
     MB,
     audit_records,

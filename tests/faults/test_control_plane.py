@@ -16,8 +16,9 @@ import pytest
 import zmq
 
 from gpud.security.keys import load_client_keypair
+from gpud.security.roles import Role
 from gpud.wire.client import RequestFailed
-from gpud.wire.protocol import MAX_FRAME_BYTES, Role
+from gpud.wire.protocol import MAX_FRAME_BYTES
 from tests.support.adversary import (
     MB,
     audit_records,

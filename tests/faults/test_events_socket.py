@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from gpud.wire.protocol import Role
+from gpud.security.roles import Role
 from tests.support.adversary import (
     MB,
     authorized_keys,

@@ -29,7 +29,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from gpud.security.keygate import BURST
 from gpud.security.keys import KeyPair
-from gpud.wire.protocol import Role, hw_topic
+from gpud.security.roles import Role
+from gpud.wire.protocol import hw_topic
 from gpud.wire.publisher import EVENTS_LIMITS
 from tests.support.adversary import (
     MB,

@@ -18,7 +18,7 @@ from gpud.model.run import CauseKind, RunState
 from gpud.security.auth import authorize
 from gpud.security.keys import CLIENT_KEY, load_or_create_keypair
 from gpud.security.known_nodes import known_nodes_path
-from gpud.wire.protocol import Role
+from gpud.security.roles import Role
 from tests.support.adversary import audit_records
 from tests.support.daemons import RunningDaemon, gpuctl, run_cli
 from tests.support.runs import (

@@ -12,10 +12,12 @@ from pathlib import Path
 import psutil
 import zmq
 
-from gpud.security.audit import AUDIT_LOG, KEEP, REFUSED_LOG
+from gpud.node.statedir import AUDIT_LOG
+from gpud.security.audit import KEEP, REFUSED_LOG
 from gpud.security.auth import authorize
 from gpud.security.keys import KeyPair
-from gpud.wire.protocol import Role, hw_topic
+from gpud.security.roles import Role
+from gpud.wire.protocol import hw_topic
 from tests.support.daemons import RunningDaemon
 
 MB = 2**20

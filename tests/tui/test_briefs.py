@@ -7,7 +7,8 @@ from __future__ import annotations
 from gpud.efficiency.mfu import SIMULATED
 from gpud.efficiency.model import RunFlops
 from gpud.model.run import HealthSummary, RunState
-from gpud.wire.brief import RunBrief, node_brief, sum_topic
+from gpud.wire.brief import RunBrief, sum_topic
+from gpud.wire.briefing import node_brief
 from gpud.wire.protocol import RunList
 from tests.tui import scenes
 from tui.model.fleet import FleetModel

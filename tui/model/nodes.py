@@ -25,9 +25,9 @@ from gpud.wire.brief import (
     activity_pct,
     gpu_link_errors,
     memory_pct,
-    node_brief,
     throttle_reasons,
 )
+from gpud.wire.briefing import node_brief
 from gpud.wire.client import NodeTarget
 from gpud.wire.protocol import NodeInfo
 from tui.model.series import Recent

@@ -34,7 +34,8 @@ from gpud.model.run import (
 from gpud.model.snapshot import Severity
 from gpud.node.store import Store
 from gpud.security.auth import Caller
-from gpud.wire.protocol import ErrorCode, ProtocolError, Role, RunSummary, run_topic
+from gpud.security.roles import Role
+from gpud.wire.protocol import ErrorCode, ProtocolError, RunSummary, run_topic
 
 if TYPE_CHECKING:
     from gpud.runs.state.part import Part

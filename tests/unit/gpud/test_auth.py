@@ -23,7 +23,7 @@ from gpud.security.auth import (
     revoke,
 )
 from gpud.security.keys import KeyFileError, check_public_key, load_or_create_keypair
-from gpud.wire.protocol import Role
+from gpud.security.roles import Role
 
 
 def new_public_key() -> str:

@@ -9,6 +9,7 @@ import pytest
 from gpud import __version__
 from gpud.model.snapshot import NodeEvent, NodeSnapshot
 from gpud.notify.targets import Webhook
+from gpud.security.roles import Role
 from gpud.wire.protocol import (
     METHODS,
     MIN_PROTOCOL,
@@ -22,7 +23,6 @@ from gpud.wire.protocol import (
     NodeRefIn,
     NotifyTestRequest,
     ProtocolError,
-    Role,
     decode_event,
     decode_reply,
     decode_request,

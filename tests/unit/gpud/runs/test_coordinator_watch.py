@@ -10,7 +10,8 @@ from gpud.runs.multinode.gang import _orphan_reason
 from gpud.runs.multinode.peer_stops import PeerStops
 from gpud.runs.state.book import check_member
 from gpud.security.auth import Caller
-from gpud.wire.protocol import ErrorCode, GangStatus, PartStopRequest, ProtocolError, Role
+from gpud.security.roles import Role
+from gpud.wire.protocol import ErrorCode, GangStatus, PartStopRequest, ProtocolError
 
 NODES = [
     NodeRef(control=f"tcp://10.0.0.{i}:5555", name=f"n{i}", server_key=f"key-{i}") for i in range(3)
