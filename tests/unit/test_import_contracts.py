@@ -33,38 +33,51 @@ IO_LIBRARIES = ("zmq", "psutil", "sqlite3", "pynvml", "socket", "subprocess")
 IO_PROJECT_MODULES = (
     "gpud.attach.client",
     "gpud.attach.server",
-    "gpud.security.audit",
-    "gpud.security.auth",
-    "gpud.scaling.baselines",
     "gpud.checkpoints",
     "gpud.cli",
-    "gpud.wire.client",
-    "gpud.wire.control",
-    "gpud.daemon",
     "gpud.commands.demo",
-    "gpud.wire.drain",
-    "gpud.security.guard",
+    "gpud.daemon",
     "gpud.hardware",
-    "gpud.wire.ingest",
-    "gpud.security.keys",
     "gpud.kube",
-    "gpud.security.known_nodes",
+    "gpud.node.paths",
+    "gpud.node.statedir",
+    "gpud.node.store",
     "gpud.notify.sender",
     "gpud.notify.service",
-    "gpud.node.paths",
-    "gpud.wire.publisher",
     "gpud.retention.compact",
     "gpud.retention.files",
     "gpud.retention.rows",
     "gpud.retention.service",
     "gpud.runs",
+    "gpud.scaling.baselines",
+    "gpud.security.audit",
+    "gpud.security.auth",
+    "gpud.security.guard",
+    "gpud.security.keys",
+    "gpud.security.known_nodes",
     "gpud.settings",
     "gpud.slurm",
-    "gpud.node.statedir",
-    "gpud.node.store",
+    "gpud.wire.client",
+    "gpud.wire.control",
+    "gpud.wire.drain",
+    "gpud.wire.ingest",
+    "gpud.wire.publisher",
     "launch.gpuctl",
     "launch.scripts",
 )
+
+
+#: The rooms of `gpud.runs` (gpud/runs/__init__.py), lowest first, each with the rooms it
+#: may import; it may import no other.
+RUN_ROOMS: dict[str, tuple[str, ...]] = {
+    "process": ("process",),
+    "diagnosis": ("diagnosis", "process"),
+    "placement": ("placement", "process"),
+    "state": ("state", "process", "diagnosis"),
+    "multinode": ("multinode", "process", "diagnosis", "placement", "state"),
+    "health": ("health", "process", "diagnosis", "placement", "state", "multinode"),
+    "lifecycle": ("lifecycle", "process", "diagnosis", "placement", "state", "multinode", "health"),
+}
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,8 @@ CONTRACTS = [
         covers=(
             "launch.spec",
             "launch.backends",
+            "launch.placement",
+            "launch.environment",
             "launch.autotune",
             "launch.slurm",
             "launch.slurm_states",
@@ -122,6 +137,37 @@ CONTRACTS = [
         covers=("gpud.retention.policy", "gpud.retention.reduce", "gpud.retention.usage"),
         forbidden=IO_LIBRARIES + IO_PROJECT_MODULES,
         static_only=("socket", "subprocess"),
+    ),
+    Contract(
+        "gpud.model is data: no I/O, and nothing of the node, security, the wire or the runs",
+        covers=("gpud.model",),
+        forbidden=IO_LIBRARIES
+        + IO_PROJECT_MODULES
+        + ("gpud.node", "gpud.security", "gpud.wire", "gpud.runs"),
+        static_only=("socket", "subprocess"),
+    ),
+    Contract(
+        "the node's state imports nothing of security, the wire or the runs",
+        covers=("gpud.node",),
+        forbidden=("gpud.security", "gpud.wire", "gpud.runs", "gpud.daemon", "gpud.commands"),
+    ),
+    Contract(
+        "security imports nothing of the wire or the runs",
+        covers=("gpud.security",),
+        forbidden=("gpud.wire", "gpud.runs", "gpud.daemon", "gpud.commands"),
+    ),
+    Contract(
+        "the wire imports nothing of the runs, the daemon or the commands",
+        covers=("gpud.wire",),
+        forbidden=("gpud.runs", "gpud.daemon", "gpud.commands", "gpud.cli"),
+    ),
+    *(
+        Contract(
+            f"gpud.runs.{room} imports no room of gpud.runs above it",
+            covers=(f"gpud.runs.{room}",),
+            forbidden=tuple(f"gpud.runs.{other}" for other in RUN_ROOMS if other not in below),
+        )
+        for room, below in RUN_ROOMS.items()
     ),
     Contract(
         "gpud never imports the front ends",

@@ -2,7 +2,7 @@
 
 Every run this daemon knows, this node's part of each (its current attempt), the store
 they are written to, the run events and what is published about them. Every change of a
-run's state goes through `move()`, which enforces the transition table of `runmodel`
+run's state goes through `move()`, which enforces the transition table of `gpud.model.run`
 (`WITHIN` an attempt, `NEXT_ATTEMPT` to open the next one); every other change goes
 through `update()`, typed by `RunChanges`. The supervisor, the gang, telemetry and the
 queries all read and write runs here, and nowhere else.
