@@ -12,7 +12,6 @@ from gpud.model.run import CauseKind, FailureCause, RunState
 from gpud.runs.health.telemetry import Telemetry
 from gpud.runs.multinode.gang import Gang
 from gpud.runs.state.book import RunBook
-from launch.spec import parse_spec
 
 log = logging.getLogger("gpud.runs")
 
@@ -39,7 +38,7 @@ class HangWatch:
                 continue
             if run.attached is not None:
                 continue  # gpud never stops what it did not start: the health says stalled
-            timeout = parse_spec(run.spec, f"run {run.id}").restart.hang_timeout_s
+            timeout = self.book.spec(run).restart.hang_timeout_s
             if timeout is None or stall.stuck_for_s < timeout:
                 continue
             self._stopped[run_id] = health.attempt

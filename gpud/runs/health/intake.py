@@ -40,7 +40,6 @@ from gpud.runs.multinode import gang
 from gpud.runs.state.book import RunBook
 from gpud.runs.state.part import Part
 from gpud.wire.protocol import run_topic
-from launch.spec import parse_spec
 
 #: How much of a part's output is read between two yields to the loop, and per tick.
 SLICE_BYTES = 64 * 1024
@@ -203,7 +202,7 @@ class Intake:
         attached run has them too."""
         thread = self._patterns.get(run.id)
         if thread is None:
-            spec = parse_spec(run.spec, f"run {run.id}")
+            spec = self.book.spec(run)
             extractor: MetricExtractor | Recognizers = (
                 Recognizers() if spec.auto_metrics else MetricExtractor(spec.metric_patterns)
             )

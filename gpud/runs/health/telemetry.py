@@ -41,7 +41,7 @@ from gpud.runs.health.stragglers import StragglerWatch
 from gpud.runs.health.verdict import assess, assess_by_output, baseline_for
 from gpud.wire.protocol import PartHealth, run_topic
 from launch.backends import resolve_backend
-from launch.spec import RunSpec, parse_spec
+from launch.spec import RunSpec
 
 if TYPE_CHECKING:
     from gpud.runs.state.book import RunBook
@@ -335,7 +335,7 @@ class Telemetry:
         lease = part.record.gpu_uuids if part is not None else []
         state = self.runs.get(run.id)
         found = run_flops(
-            parse_spec(run.spec),
+            self.book.spec(run),
             summary.ranks,
             summary.world_size,
             latest[1] if latest else {},
@@ -352,7 +352,7 @@ class Telemetry:
                 p for p in self.peer_health.get(run.id, {}).values() if p.attempt == local.attempt
             ]
         ranks = sorted((r for p in parts for r in p.ranks), key=lambda r: r.rank)
-        spec = parse_spec(run.spec)
+        spec = self.book.spec(run)
         snapshot = self.hardware()
         real = len(snapshot.gpus) if snapshot.backend == "nvml" else 0
         state = self._of(run.id, local.attempt)

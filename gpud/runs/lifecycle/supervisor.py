@@ -108,10 +108,6 @@ PIDS_EVERY_S = 2.0
 EXPIRE_EVERY_S = 5.0
 
 
-def _spec_of(run: RunRecord) -> RunSpec:
-    return parse_spec(run.spec, f"run {run.id}")
-
-
 def _ref(node: NodeRefIn) -> NodeRef:
     return NodeRef(control=node.control, server_key=node.server_key, name=node.name)
 
@@ -588,7 +584,7 @@ class Supervisor:
             if (current := self.book.get(run.id)) is not None and current.awaiting_start:
                 run = self.book.update(run.id, awaiting_start=False)  # queued: the tick's now
         part = self.book.part(run.id)
-        master = gang.master_host(_spec_of(run), run.nodes)
+        master = gang.master_host(self.book.spec(run), run.nodes)
         return LaunchReply(
             run=self.book.summary(run),
             master_addr=part.record.master_addr if part else master,
@@ -686,7 +682,7 @@ class Supervisor:
             )
         elif run.queued_at != req.queued_at and run.state is RunState.QUEUED:
             run = self.book.update(run.id, queued_at=req.queued_at)
-        gpus = self.reserve_gpus(run, _spec_of(run), req.attempt, (req.queued_at, run.id))
+        gpus = self.reserve_gpus(run, self.book.spec(run), req.attempt, (req.queued_at, run.id))
         return PartReservation(node=self.node, gpus=[g.index for g in gpus])
 
     def part_release(self, req: PartReleaseRequest, caller: Caller) -> PartReservation:
@@ -723,7 +719,7 @@ class Supervisor:
         )
         part = self.start_part(
             run,
-            _spec_of(run),
+            self.book.spec(run),
             req.attempt,
             req.master_addr,
             req.master_port,
@@ -770,7 +766,7 @@ class Supervisor:
         """`run.part.preflight`: node 0 asks this node to run its part of the check."""
         run = self.book.find(req.run_id)
         check_coordinator(run, caller)
-        spec = _spec_of(run)
+        spec = self.book.spec(run)
         return await self.run_preflight(run, spec, req.attempt, req.master, req.world, req.rank)
 
     async def run_preflight(
@@ -831,7 +827,7 @@ class Supervisor:
             return
         if dump and part.record.library:
             self.ingest.request_dump(run.id, part.record.attempt)
-        spec = _spec_of(run)
+        spec = self.book.spec(run)
         part.request_stop(
             spec.stop_grace_s if grace_s is None else grace_s,
             force,
@@ -892,7 +888,7 @@ class Supervisor:
         self._check_room()
         if self.book.get(run.id) is None:
             self.book.load(run)
-        queue = req.queue or _spec_of(run).queue
+        queue = req.queue or self.book.spec(run).queue
         if req.checkpoint is not None:
             try:
                 explicit_checkpoint(req.checkpoint)
@@ -1032,7 +1028,7 @@ class Supervisor:
         if outcome.exit.cause is not None:
             # What to do about it, from what this node knows (its interpreter, its GPUs).
             facts = hints.facts_for(
-                _spec_of(run),
+                self.book.spec(run),
                 snapshot,
                 master_port=part.record.master_port,
                 own_python=_interpreter(),

@@ -78,7 +78,7 @@ from gpud.wire.protocol import (
     RunLogEvent,
     RunMetricsEvent,
 )
-from launch.spec import RunSpec, parse_spec
+from launch.spec import RunSpec
 
 if TYPE_CHECKING:
     from gpud.runs.state.part import Part
@@ -253,7 +253,7 @@ class Gang:
     def _others(self, run: RunRecord) -> list[int]:
         """The other nodes of the current attempt (every node but node 0, unless an
         elastic attempt uses fewer)."""
-        return [r for r in elastic.members_of(run, parse_spec(run.spec)) if r != 0]
+        return [r for r in elastic.members_of(run, self.book.spec(run)) if r != 0]
 
     def _background(self, run_id: str, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -292,7 +292,7 @@ class Gang:
     def view(self, run: RunRecord) -> GangView:
         view = self.views.get(run.id)
         if view is None or view.nodes != run.nodes:  # an attached run learns its nodes late
-            members = elastic.members_of(run, parse_spec(run.spec))
+            members = elastic.members_of(run, self.book.spec(run))
             view = self.views[run.id] = GangView(run.nodes, self.book.clock(), members)
         return view
 
@@ -446,7 +446,7 @@ class Gang:
     async def _carry_out(self, run: RunRecord, view: GangView, now: float) -> None:
         own = self.book.current_part(run)
         parts = {0: self.part_views(run)[0], **view.parts}
-        spec = parse_spec(run.spec)
+        spec = self.book.spec(run)
         exit_info = own.record.exit if own is not None else None
         teardown = exit_info is not None and exit_info.teardown_abort
         decision = decide(
@@ -635,7 +635,7 @@ class Gang:
         view = self.views.get(run.id)
         lost = {r for r, p in view.parts.items() if p.state is RunState.LOST} if view else set()
         silent, waiting = await self._old_attempt_left(run, lost)
-        can_leave_out = parse_spec(run.spec).elastic is not None and 0 not in silent
+        can_leave_out = self.book.spec(run).elastic is not None and 0 not in silent
         if waiting or (silent and not can_leave_out):
             why = waiting or "node(s) " + ", ".join(map(str, sorted(silent))) + " do not answer"
             self.book.move(run.id, RunState.PENDING, f"restart waits: {why}")
@@ -685,7 +685,7 @@ class Gang:
         `lost` is asked too (it may be back), unless the run is elastic: then it is left
         out at once rather than waited for (its leftovers are stopped when it answers)."""
         request = PartStatusRequest(run_id=run.id)
-        skip = lost if parse_spec(run.spec).elastic is not None else set()
+        skip = lost if self.book.spec(run).elastic is not None else set()
         asked = [r for r in self._others(run) if r not in skip]
         replies = await self._call(run, asked, PART_STATUS, _each(request))
         silent = set(skip) | {r for r, reply in replies.items() if isinstance(reply, Unreachable)}
@@ -718,7 +718,7 @@ class Gang:
         checkpoint and the run has none of its own. An elastic run starts on the nodes that
         can (`left_out`: known silent), if there are enough (`gpud.runs.multinode.elastic`); an
         automatic restart with too few fails instead of waiting, unless the spec queues."""
-        spec = parse_spec(run.spec)
+        spec = self.book.spec(run)
         automatic = automatic or run.queued_restart
         attempt, fresh = self._next_attempt(run)
         if resume_from is not None:  # kept on the record: it may wait in the queue
@@ -1087,7 +1087,7 @@ def _resume_point(run: RunRecord, spec: RunSpec, fresh: bool) -> ResumePoint:
         return ResumePoint(None)
     if run.resume_next is not None:
         return ResumePoint(run.resume_next, note="chosen with --from")
-    point = find_checkpoint(run)
+    point = find_checkpoint(run, spec)
     if point.path is None and spec.resume.require_checkpoint:
         raise ProtocolError(
             ErrorCode.CONFLICT,

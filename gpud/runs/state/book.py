@@ -36,6 +36,7 @@ from gpud.node.store import Store
 from gpud.security.auth import Caller
 from gpud.security.roles import Role
 from gpud.wire.protocol import ErrorCode, ProtocolError, RunSummary, run_topic
+from launch.spec import RunSpec, parse_spec
 
 if TYPE_CHECKING:
     from gpud.runs.state.part import Part
@@ -89,6 +90,8 @@ class RunBook:
         self.clock = clock
         self.strict = os.environ.get(STRICT_ENV) == "1" if strict is None else strict
         self._runs: dict[str, RunRecord] = {}
+        #: Each run's spec, parsed once from its stored dict (a run's spec never changes).
+        self._specs: dict[str, RunSpec] = {}
         self._parts: dict[str, Part] = {}  # run id → this node's part of its latest attempt
         self._ticked: list[str] | None = None  # `ticked`'s run ids; None: to be recomputed
         self._ticked_at = 0.0
@@ -107,6 +110,17 @@ class RunBook:
 
     def get(self, run_id: str) -> RunRecord | None:
         return self._runs.get(run_id)
+
+    def spec(self, run: RunRecord) -> RunSpec:
+        """The run's spec, typed: the one place a stored run's spec dict becomes a
+        `RunSpec`, parsed the first time it is asked for and kept (a spec never changes
+        after the run is made; an unknown run's is parsed, not kept)."""
+        spec = self._specs.get(run.id)
+        if spec is None:
+            spec = parse_spec(run.spec, f"run {run.id}")
+            if run.id in self._runs:
+                self._specs[run.id] = spec
+        return spec
 
     def runs(self) -> list[RunRecord]:
         return list(self._runs.values())
@@ -179,6 +193,7 @@ class RunBook:
     def forget(self, run_id: str) -> None:
         """Let go of an ended run retention removes (gpud.retention): it is unknown after."""
         self._runs.pop(run_id, None)
+        self._specs.pop(run_id, None)
         self._parts.pop(run_id, None)
         self._ticked = self._busy = None
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from gpud.checkpoints.whole import broken
 from gpud.model.run import RunRecord
-from launch.spec import RunSpec, parse_spec
+from launch.spec import RunSpec
 
 
 @dataclass(frozen=True)
@@ -112,9 +112,9 @@ def unset_dir_warning(spec: RunSpec, checkpoint_dir: str, *, looked: bool = Fals
     )
 
 
-def find_checkpoint(run: RunRecord) -> ResumePoint:
-    """The checkpoint a new attempt starts from, as `resume.latest` says to find it."""
-    spec = parse_spec(run.spec)
+def find_checkpoint(run: RunRecord, spec: RunSpec) -> ResumePoint:
+    """The checkpoint a new attempt starts from, as `resume.latest` says to find it
+    (`spec`: the run's, as `RunBook.spec` keeps it)."""
     how = spec.resume.latest
     reported = run.last_checkpoint
     not_whole = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from gpud.model.run import (
 )
 from gpud.node.store import Store
 from gpud.runs.state.book import IllegalTransition, RunBook
+from launch.spec import RunSpec, parse_spec
 
 
 class Clock:
@@ -141,3 +143,49 @@ def test_the_queue_is_first_come_first_served_by_node_0s_time_then_id(tmp_path: 
     assert [r.id for r in book.ahead_of(r3, r3.queue_key)] == ["r-4", "r-2"]
     book.move("r-4", RunState.STOPPED, "cancelled")
     assert [r.id for r in book.queue()] == ["r-2", "r-3"]
+
+
+def test_a_runs_spec_is_parsed_once_and_kept_while_the_book_knows_the_run(
+    tmp_path: Path,
+) -> None:
+    book, _ = new_book(tmp_path, strict=True)
+    stored = parse_spec({"name": "r", "script": "train.py", "nproc_per_node": 3})
+    made = book.get("r-1")
+    assert made is not None
+    book.add(made.model_copy(update={"spec": stored.model_dump(mode="json")}))
+    run = book.get("r-1")
+    assert run is not None
+    spec = book.spec(run)
+    assert isinstance(spec, RunSpec) and spec.nproc_per_node == 3 and spec.script == "train.py"
+    moved = book.move("r-1", RunState.STARTING, None)  # a new record, the same spec
+    assert book.spec(moved) is spec
+    book.forget("r-1")
+    assert book.spec(run) is not spec  # unknown now: parsed again, not kept
+    assert book.spec(run) == spec
+
+
+#: Where `parse_spec` may be called in gpud, and why: a stored run's spec becomes a
+#: `RunSpec` in one place only (issue 34).
+PARSE_SPEC_CALLERS = {
+    ("gpud/runs/state/book.py", "spec"): "RunBook.spec: the one place for a stored run",
+    ("gpud/runs/lifecycle/supervisor.py", "_validated"): "a launch request's spec, no run yet",
+    ("gpud/slurm/part.py", "main"): "the Slurm part runner's config file, no stored run",
+}
+
+
+def test_nothing_but_the_book_parses_a_stored_runs_spec() -> None:
+    root = Path(__file__).resolve().parents[4]
+    found = set()
+    for path in sorted((root / "gpud").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "parse_spec"
+                ):
+                    found.add((str(path.relative_to(root)), func.name))
+    assert found == set(PARSE_SPEC_CALLERS), found ^ set(PARSE_SPEC_CALLERS)
