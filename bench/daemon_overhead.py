@@ -49,14 +49,9 @@ from gpud.security.keys import load_client_keypair  # noqa: E402
 from gpud.wire.brief import sum_topic  # noqa: E402
 from gpud.wire.briefing import node_brief  # noqa: E402
 from gpud.wire.client import Client, RequestFailed  # noqa: E402
-from gpud.wire.protocol import (  # noqa: E402
-    NODE_INFO,
-    Empty,
-    RunSummary,
-    encode_event,
-    encode_request,
-    hw_topic,
-)
+from gpud.wire.node_messages import Empty  # noqa: E402
+from gpud.wire.protocol import NODE_INFO, encode_event, encode_request, hw_topic  # noqa: E402
+from gpud.wire.run_messages import RunSummary  # noqa: E402
 from launch.gpuctl.context import Ctl  # noqa: E402
 from launch.gpuctl.launching import start as start_run  # noqa: E402
 from launch.spec import load_spec  # noqa: E402

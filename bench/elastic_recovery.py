@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from gpud.runs.process import procs  # noqa: E402
 from gpud.wire.client import Client, NodeTarget  # noqa: E402
-from gpud.wire.protocol import RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef, RunStatus  # noqa: E402
+from gpud.wire.protocol import RUN_METRICS, RUN_STATUS  # noqa: E402
+from gpud.wire.run_messages import MetricsRequest, RunRef, RunStatus  # noqa: E402
 from tests.support.daemons import RunningDaemon, gpuctl, start_daemon  # noqa: E402
 
 FAST = "args=[--width, '128', --depth, '2', --log-every, '5']"

@@ -30,13 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpud.wire.client import Client, NodeTarget  # noqa: E402
-from gpud.wire.protocol import (  # noqa: E402
-    RUN_METRICS,
-    RUN_STATUS,
-    MetricsRequest,
-    RunRef,
-    RunStatus,
-)
+from gpud.wire.protocol import RUN_METRICS, RUN_STATUS  # noqa: E402
+from gpud.wire.run_messages import MetricsRequest, RunRef, RunStatus  # noqa: E402
 from tests.support.daemons import gpuctl, start_daemon  # noqa: E402
 
 HANG_AT = 30

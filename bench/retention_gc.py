@@ -36,7 +36,9 @@ from gpud.model.run import (  # noqa: E402
 )
 from gpud.node.store import Store  # noqa: E402
 from gpud.wire.client import Client  # noqa: E402
-from gpud.wire.protocol import NODE_INFO, RUN_LIST, Empty, ListRequest  # noqa: E402
+from gpud.wire.node_messages import Empty  # noqa: E402
+from gpud.wire.protocol import NODE_INFO, RUN_LIST  # noqa: E402
+from gpud.wire.run_messages import ListRequest  # noqa: E402
 from tests.support.daemons import gpuctl, start_daemon  # noqa: E402
 
 #: Seconds a daemon is left after start-up before `ps` is timed.

@@ -47,16 +47,8 @@ from bench.daemon_overhead import LAST_COMPONENTS, idle_cost, print_components  
 from bench.retention_gc import fill, list_times  # noqa: E402
 from gpud.wire.brief import ENDED_KEPT_S  # noqa: E402
 from gpud.wire.client import Client, ClientError  # noqa: E402
-from gpud.wire.protocol import (  # noqa: E402
-    RUN_LAUNCH,
-    RUN_LIST,
-    RUN_STOP,
-    LaunchRequest,
-    ListRequest,
-    NodeRefIn,
-    RunList,
-    StopRequest,
-)
+from gpud.wire.protocol import RUN_LAUNCH, RUN_LIST, RUN_STOP  # noqa: E402
+from gpud.wire.run_messages import LaunchRequest, ListRequest, NodeRefIn, RunList, StopRequest  # noqa: E402
 from tests.support.daemons import RunningDaemon, free_port, start_daemon  # noqa: E402
 
 SCRIPTS = {

@@ -61,18 +61,11 @@ from gpud.security.roles import Role  # noqa: E402
 from gpud.wire.brief import sum_topic  # noqa: E402
 from gpud.wire.briefing import node_brief  # noqa: E402
 from gpud.wire.client import NodeTarget  # noqa: E402
+from gpud.wire.envelope import ErrorCode, ProtocolError  # noqa: E402
+from gpud.wire.node_messages import NodeEventsReply, NodeInfo  # noqa: E402
 from gpud.wire.protocol import (  # noqa: E402
-    ErrorCode,
-    LogChunk,
-    MetricRow,
-    MetricsReply,
-    NodeEventsReply,
-    NodeInfo,
-    ProtocolError,
-    RunList,
     RunLogEvent,
     RunMetricsEvent,
-    RunSummary,
     decode_request,
     encode_error,
     encode_event,
@@ -80,6 +73,7 @@ from gpud.wire.protocol import (  # noqa: E402
     hw_topic,
     run_topic,
 )
+from gpud.wire.run_messages import LogChunk, MetricRow, MetricsReply, RunList, RunSummary  # noqa: E402
 from tests.support.daemons import start_daemon  # noqa: E402
 from tests.support.runs import launch  # noqa: E402
 from tui.model.feed import Feed  # noqa: E402

@@ -85,10 +85,25 @@ from gpud.wire.control import (
     bind,
     configure_router,
 )
+from gpud.wire.envelope import MIN_PROTOCOL, PROTOCOL_VERSION, speaks
 from gpud.wire.ingest import Ingest
+from gpud.wire.node_messages import (
+    AckEventsReply,
+    AckEventsRequest,
+    DrainReply,
+    DrainRequest,
+    Empty,
+    GcReply,
+    GcRequest,
+    NodeEventsReply,
+    NodeEventsRequest,
+    NodeInfo,
+    NotifyTestReply,
+    NotifyTestRequest,
+    UndrainRequest,
+)
 from gpud.wire.protocol import (
     GANG_STATUS,
-    MIN_PROTOCOL,
     NODE_DRAIN,
     NODE_EVENTS,
     NODE_EVENTS_ACK,
@@ -105,7 +120,6 @@ from gpud.wire.protocol import (
     PART_START,
     PART_STATUS,
     PART_STOP,
-    PROTOCOL_VERSION,
     RUN_HEALTH,
     RUN_JOIN,
     RUN_LAUNCH,
@@ -116,22 +130,8 @@ from gpud.wire.protocol import (
     RUN_START,
     RUN_STATUS,
     RUN_STOP,
-    AckEventsReply,
-    AckEventsRequest,
-    DrainReply,
-    DrainRequest,
-    Empty,
-    GcReply,
-    GcRequest,
-    NodeEventsReply,
-    NodeEventsRequest,
-    NodeInfo,
-    NotifyTestReply,
-    NotifyTestRequest,
-    UndrainRequest,
     hw_topic,
     node_event_topic,
-    speaks,
 )
 from gpud.wire.publisher import EVENTS_LIMITS, EventPublisher, configure_pub
 

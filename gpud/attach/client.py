@@ -27,7 +27,7 @@ from gpud.attach.wire import (
 from gpud.model.run import ExitInfo, RunState
 from gpud.runs.diagnosis.causes import find_cause
 from gpud.runs.diagnosis.hints import NO_FACTS, HintFacts, with_hint
-from gpud.wire.protocol import NodeRefIn
+from gpud.wire.run_messages import NodeRefIn
 
 #: Where a system daemon's attach socket is (the systemd unit's RuntimeDirectory).
 SYSTEM_SOCKET = Path("/run/gpud/attach.sock")

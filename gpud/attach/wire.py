@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from gpud.model.run import FailureCause, RunState
-from gpud.wire.protocol import RUN_ID_PATTERN, NodeRefIn
+from gpud.wire.run_messages import RUN_ID_PATTERN, NodeRefIn
 
 #: The longest line either side may send: a run spec fits many times over.
 MAX_LINE = 1 << 20

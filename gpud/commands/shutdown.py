@@ -22,7 +22,8 @@ from gpud.model.endpoints import AddressError
 from gpud.node.statedir import StateDir, held_by
 from gpud.security.known_nodes import load_known_nodes
 from gpud.wire.client import Client, ClientError, ConfigError, NodeTarget, resolve_target
-from gpud.wire.protocol import RUN_STOP, RunSummary, StopRequest
+from gpud.wire.protocol import RUN_STOP
+from gpud.wire.run_messages import RunSummary, StopRequest
 
 #: How long `--runs` waits for the runs to end by default: a spec's default `stop_grace_s`
 #: (30 s) for the checkpoint handshake, the 10 s from SIGTERM to SIGKILL, and a margin.

@@ -17,7 +17,7 @@ import os
 import time
 from importlib.util import find_spec
 
-from gpud.wire.protocol import PartPreflight
+from gpud.wire.run_messages import PartPreflight
 
 #: The whole check, torch's import and the rendezvous included; on 2 CPU cores with three
 #: nodes it takes about 5 s.

@@ -26,7 +26,7 @@ import statistics
 from gpud.hardware.events import SLOWDOWN_REASONS
 from gpud.heal.rules import meaning
 from gpud.model.snapshot import GpuSample
-from gpud.wire.protocol import PartPreflight
+from gpud.wire.run_messages import PartPreflight
 
 #: XIDs an application causes (a bad kernel, a page fault, a killed process): no fault of
 #: the GPU's, and no reason to keep the next attempt off it.

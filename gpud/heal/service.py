@@ -17,14 +17,8 @@ from gpud.model.snapshot import GpuSample, Hold, NodeEvent, NodeSnapshot
 from gpud.runs.lifecycle.supervisor import Supervisor
 from gpud.runs.state.part import Outcome, Part
 from gpud.security.auth import Caller
-from gpud.wire.protocol import (
-    DrainReply,
-    DrainRequest,
-    ErrorCode,
-    HeldGpu,
-    ProtocolError,
-    UndrainRequest,
-)
+from gpud.wire.envelope import ErrorCode, ProtocolError
+from gpud.wire.node_messages import DrainReply, DrainRequest, HeldGpu, UndrainRequest
 
 
 class Healing:

@@ -38,13 +38,8 @@ from gpud.notify.payloads import render
 from gpud.notify.sender import Sender
 from gpud.notify.targets import TEST_TIMEOUT_S, EventKind, Webhook
 from gpud.security.auth import Caller
-from gpud.wire.protocol import (
-    ErrorCode,
-    NotifyTestReply,
-    NotifyTestRequest,
-    ProtocolError,
-    WebhookAnswer,
-)
+from gpud.wire.envelope import ErrorCode, ProtocolError
+from gpud.wire.node_messages import NotifyTestReply, NotifyTestRequest, WebhookAnswer
 
 if TYPE_CHECKING:
     from gpud.runs.lifecycle.supervisor import Supervisor

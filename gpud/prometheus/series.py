@@ -22,7 +22,7 @@ from gpud.efficiency.model import RunFlops
 from gpud.model.run import TRAINING, HealthSummary, RunState, throughput
 from gpud.model.snapshot import GpuSample, HostSample, NodeSnapshot, PodRef
 from gpud.notify.targets import DELIVERY_RESULTS
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 
 MIB = 1024 * 1024
 KIB = 1024

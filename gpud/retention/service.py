@@ -30,7 +30,7 @@ from gpud.node.store import Store
 from gpud.retention import compact, files, reduce, rows
 from gpud.retention.policy import FinishedRun, RetentionSettings, choose, show_bytes
 from gpud.security.auth import Caller
-from gpud.wire.protocol import GcReply, GcRequest, GcRun
+from gpud.wire.node_messages import GcReply, GcRequest, GcRun
 
 if TYPE_CHECKING:
     from gpud.runs.lifecycle.supervisor import Supervisor

@@ -37,7 +37,7 @@ from gpud.model.run import (
     step_rate_samples,
 )
 from gpud.model.snapshot import Reading
-from gpud.wire.protocol import MetricRow
+from gpud.wire.run_messages import MetricRow
 
 #: The speedup the training guides print for 2, 4 and 8 GPUs against 1 (low, high).
 #: Other counts have none: the guides give no figure, and none is made up between them.

@@ -1,7 +1,9 @@
 """The wire: every message between gpud, gpuctl, gputop and trainers, and the sockets that
 carry them.
 
-`protocol` declares every message and method once; `brief` is a node in brief; `client` is
+`protocol` declares every method once and encodes and decodes requests, replies and
+events; `envelope` holds the envelopes, versions and error codes, `node_messages` and
+`run_messages` the bodies; `brief` is a node in brief (`briefing` builds it); `client` is
 the one client of a daemon (gpuctl and gputop use it); `control` the control socket,
 `publisher` the events socket, `ingest` the trainer-facing sockets, and `drain` reads a zmq
 socket from the asyncio loop.

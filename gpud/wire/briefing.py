@@ -18,7 +18,7 @@ from gpud.wire.brief import (
     gpu_brief,
     node_health,
 )
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 
 
 def run_brief(summary: RunSummary, health: HealthSummary | None) -> RunBrief:

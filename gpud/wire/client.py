@@ -38,14 +38,30 @@ from gpud.model.run import HealthSummary
 from gpud.model.snapshot import NodeSnapshot
 from gpud.security.keys import KeyFileError, KeyPair, load_client_keypair
 from gpud.security.known_nodes import KnownNodes, load_known_nodes
-from gpud.wire.protocol import (
+from gpud.wire.envelope import (
     MAX_FRAME_BYTES,
     MIN_PROTOCOL,
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Event,
+    Message,
+    Reply,
+    speaks,
+    too_large,
+)
+from gpud.wire.node_messages import (
+    AckEventsReply,
+    AckEventsRequest,
+    Empty,
+    NodeEventsReply,
+    NodeEventsRequest,
+    NodeInfo,
+)
+from gpud.wire.protocol import (
     NODE_EVENTS,
     NODE_EVENTS_ACK,
     NODE_HW,
     NODE_INFO,
-    PROTOCOL_VERSION,
     RUN_HEALTH,
     RUN_LIST,
     RUN_LOGS,
@@ -53,36 +69,26 @@ from gpud.wire.protocol import (
     RUN_RESUME,
     RUN_STATUS,
     RUN_STOP,
-    AckEventsReply,
-    AckEventsRequest,
-    Empty,
-    ErrorCode,
-    Event,
+    Method,
+    ReplyT,
+    RequestT,
+    UnknownKind,
+    decode_event,
+    decode_reply,
+    encode_request,
+)
+from gpud.wire.run_messages import (
     ListRequest,
     LogChunk,
     LogsRequest,
-    Message,
-    Method,
     MetricsReply,
     MetricsRequest,
-    NodeEventsReply,
-    NodeEventsRequest,
-    NodeInfo,
-    Reply,
-    ReplyT,
-    RequestT,
     ResumeRequest,
     RunList,
     RunRef,
     RunStatus,
     RunSummary,
     StopRequest,
-    UnknownKind,
-    decode_event,
-    decode_reply,
-    encode_request,
-    speaks,
-    too_large,
 )
 
 DEFAULT_TIMEOUT_S = 5.0

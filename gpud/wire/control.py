@@ -40,20 +40,22 @@ from gpud.security.bursts import ThrottledLog
 from gpud.security.guard import ConnectionGuard, Limits, user_id
 from gpud.security.roles import Role
 from gpud.wire.drain import Frames, SocketDrain
-from gpud.wire.protocol import (
+from gpud.wire.envelope import (
     MAX_FRAME_BYTES,
-    METHODS,
     READ_FRAME_BYTES,
     ErrorCode,
     Message,
-    Method,
     ProtocolError,
+    too_large,
+)
+from gpud.wire.protocol import (
+    METHODS,
+    Method,
     ReplyT,
     RequestT,
     decode_request,
     encode_error,
     encode_reply,
-    too_large,
 )
 
 log = logging.getLogger("gpud.control")

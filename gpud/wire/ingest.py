@@ -26,7 +26,7 @@ import zmq.asyncio
 from pydantic import ValidationError
 
 from gpud.model.run import TRAINER_MESSAGES, TrainerMessage
-from gpud.wire.protocol import MAX_FRAME_BYTES
+from gpud.wire.envelope import MAX_FRAME_BYTES
 
 log = logging.getLogger("gpud.ingest")
 

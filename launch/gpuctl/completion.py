@@ -12,7 +12,7 @@ import io
 import click
 from click.shell_completion import CompletionItem, get_completion_class
 
-from gpud.wire.protocol import RunList
+from gpud.wire.run_messages import RunList
 from launch.gpuctl import slurm_jobs
 from launch.gpuctl.context import Ctl, split_nodes
 

@@ -11,14 +11,9 @@ import click
 from gpud.model.run import RunState
 from gpud.security.known_nodes import load_known_nodes
 from gpud.wire.client import Client, ClientError, NodeTarget, resolve_target
-from gpud.wire.protocol import (
-    NODE_DRAIN,
-    NODE_UNDRAIN,
-    DrainReply,
-    DrainRequest,
-    StopRequest,
-    UndrainRequest,
-)
+from gpud.wire.node_messages import DrainReply, DrainRequest, UndrainRequest
+from gpud.wire.protocol import NODE_DRAIN, NODE_UNDRAIN
+from gpud.wire.run_messages import StopRequest
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_OK,

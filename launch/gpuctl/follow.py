@@ -10,7 +10,7 @@ import click
 
 from gpud.model.run import RunState, steps_text
 from gpud.wire.client import ClientError
-from gpud.wire.protocol import RunStatus, RunSummary
+from gpud.wire.run_messages import RunStatus, RunSummary
 from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, Ctl
 from launch.gpuctl.runref import FoundRun, refresh
 

@@ -12,7 +12,8 @@ import time
 import click
 
 from gpud.wire.client import Client
-from gpud.wire.protocol import NODE_GC, GcReply, GcRequest
+from gpud.wire.node_messages import GcReply, GcRequest
+from gpud.wire.protocol import NODE_GC
 from launch.gpuctl.context import Ctl, json_option, report_errors, worst_exit_code
 from launch.gpuctl.output import emit_json, human_bytes, human_duration, table
 

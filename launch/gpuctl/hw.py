@@ -9,7 +9,8 @@ import click
 
 from gpud.model.snapshot import GpuSample, NodeSnapshot
 from gpud.wire.client import Client
-from gpud.wire.protocol import RUN_LIST, ListRequest, RunList, RunSummary
+from gpud.wire.protocol import RUN_LIST
+from gpud.wire.run_messages import ListRequest, RunList, RunSummary
 from launch.autotune import DEFAULT_TARGET_BATCH, Recommendation, recommend_for_node
 from launch.gpuctl.context import Ctl, json_option, report_errors, worst_exit_code
 from launch.gpuctl.output import emit_json, human_bytes, table

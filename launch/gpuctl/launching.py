@@ -27,12 +27,9 @@ import click
 from gpud.model.run import RunState, new_run_id
 from gpud.runs.state.checkpoints import unset_dir_warning
 from gpud.wire.client import Client, ClientError, NodeTarget, RequestFailed
-from gpud.wire.protocol import (
-    PROTOCOL_START_BY_CALL,
-    RUN_JOIN,
-    RUN_LAUNCH,
-    RUN_START,
-    RUN_STOP,
+from gpud.wire.envelope import PROTOCOL_START_BY_CALL
+from gpud.wire.protocol import RUN_JOIN, RUN_LAUNCH, RUN_START, RUN_STOP
+from gpud.wire.run_messages import (
     JoinReply,
     JoinRequest,
     LaunchReply,

@@ -7,7 +7,7 @@ import sys
 import click
 
 from gpud.wire.client import UnknownNode
-from gpud.wire.protocol import NodeInfo
+from gpud.wire.node_messages import NodeInfo
 from launch.gpuctl.context import Ctl, json_option, worst_exit_code
 from launch.gpuctl.output import emit_json, human_duration, table
 

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from gpud.notify.targets import TEST_TIMEOUT_S, Webhook
 from gpud.wire.client import Client
-from gpud.wire.protocol import NOTIFY_TEST, NotifyTestReply, NotifyTestRequest
+from gpud.wire.node_messages import NotifyTestReply, NotifyTestRequest
+from gpud.wire.protocol import NOTIFY_TEST
 from launch.gpuctl.context import (
     EXIT_FAILED,
     EXIT_USAGE,

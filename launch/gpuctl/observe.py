@@ -6,7 +6,8 @@ import click
 
 from gpud.model.run import NO_HEARTBEATS, HealthSummary, steps_text
 from gpud.wire.client import Client, ClientError
-from gpud.wire.protocol import RUN_HEALTH, RUN_METRICS, MetricsReply, MetricsRequest, RunRef
+from gpud.wire.protocol import RUN_HEALTH, RUN_METRICS
+from gpud.wire.run_messages import MetricsReply, MetricsRequest, RunRef
 from launch.gpuctl import slurm_jobs
 from launch.gpuctl.completion import run_argument
 from launch.gpuctl.context import Ctl, exit_code_for, fail, json_option

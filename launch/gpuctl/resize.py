@@ -14,7 +14,8 @@ import click
 
 from gpud.model.run import RunState
 from gpud.wire.client import Client, ClientError
-from gpud.wire.protocol import RUN_RESUME, ResumeRequest, RunSummary, StopRequest
+from gpud.wire.protocol import RUN_RESUME
+from gpud.wire.run_messages import ResumeRequest, RunSummary, StopRequest
 from launch.gpuctl.completion import run_argument
 from launch.gpuctl.context import (
     EXIT_FAILED,

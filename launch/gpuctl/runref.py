@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from gpud.model.run import NodeRef
 from gpud.wire.client import Client, ClientError, NodeTarget, RequestFailed
-from gpud.wire.protocol import RUN_STATUS, RunRef, RunStatus
+from gpud.wire.protocol import RUN_STATUS
+from gpud.wire.run_messages import RunRef, RunStatus
 from launch.gpuctl.context import EXIT_FAILED, Ctl, exit_code_for, fail
 
 

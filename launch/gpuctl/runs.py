@@ -17,11 +17,8 @@ from gpud.model.run import (
     steps_text,
 )
 from gpud.wire.client import Client, ClientError, known_targets
-from gpud.wire.protocol import (
-    RUN_LIST,
-    RUN_LOGS,
-    RUN_RESUME,
-    RUN_STOP,
+from gpud.wire.protocol import RUN_LIST, RUN_LOGS, RUN_RESUME, RUN_STOP
+from gpud.wire.run_messages import (
     ListRequest,
     LogChunk,
     LogsRequest,

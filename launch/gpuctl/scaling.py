@@ -47,17 +47,9 @@ from gpud.scaling.arithmetic import (
 )
 from gpud.scaling.baselines import BaselineFileError, save_baseline
 from gpud.wire.client import Client, ClientError
-from gpud.wire.protocol import (
-    NODE_HW,
-    RUN_HEALTH,
-    RUN_METRICS,
-    Empty,
-    MetricRow,
-    MetricsReply,
-    MetricsRequest,
-    RunRef,
-    RunStatus,
-)
+from gpud.wire.node_messages import Empty
+from gpud.wire.protocol import NODE_HW, RUN_HEALTH, RUN_METRICS
+from gpud.wire.run_messages import MetricRow, MetricsReply, MetricsRequest, RunRef, RunStatus
 from launch.gpuctl.context import (
     DEFAULT_NODE,
     EXIT_FAILED,

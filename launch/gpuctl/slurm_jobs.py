@@ -35,7 +35,7 @@ from gpud.model.run import (
     new_run_id,
 )
 from gpud.node.paths import atomic_write, config_dir, exclusive
-from gpud.wire.protocol import MetricRow, MetricsReply, RunSummary, metrics_reply
+from gpud.wire.run_messages import MetricRow, MetricsReply, RunSummary, metrics_reply
 from launch import slurm_states
 from launch.slurm_states import JobRun
 

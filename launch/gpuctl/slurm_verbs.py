@@ -9,7 +9,7 @@ import time
 import click
 
 from gpud.model.run import RunState, steps_text
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 from launch import slurm_states
 from launch.gpuctl import slurm_jobs
 from launch.gpuctl.context import EXIT_FAILED, EXIT_OK, Ctl, fail

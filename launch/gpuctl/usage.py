@@ -22,7 +22,8 @@ import click
 
 from gpud.retention.usage import RunUsage
 from gpud.wire.client import Client
-from gpud.wire.protocol import NODE_USAGE, UsageReply, UsageRequest
+from gpud.wire.node_messages import UsageReply, UsageRequest
+from gpud.wire.protocol import NODE_USAGE
 from launch.gpuctl.context import Ctl, json_option, report_errors, worst_exit_code
 from launch.gpuctl.output import emit_json, table
 

@@ -18,7 +18,7 @@ import zmq
 from gpud.security.keys import load_client_keypair
 from gpud.security.roles import Role
 from gpud.wire.client import RequestFailed
-from gpud.wire.protocol import MAX_FRAME_BYTES
+from gpud.wire.envelope import MAX_FRAME_BYTES
 from tests.support.adversary import (
     MB,
     audit_records,

@@ -22,14 +22,8 @@ from typing import NamedTuple
 import pytest
 
 from gpud.wire.client import Client
-from gpud.wire.protocol import (
-    RUN_METRICS,
-    RUN_STATUS,
-    MetricsReply,
-    MetricsRequest,
-    RunRef,
-    RunStatus,
-)
+from gpud.wire.protocol import RUN_METRICS, RUN_STATUS
+from gpud.wire.run_messages import MetricsReply, MetricsRequest, RunRef, RunStatus
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import launch, script_spec, status, wait_for
 from tests.support.waiting import until

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpud.wire.protocol import MetricRow
+from gpud.wire.run_messages import MetricRow
 from tests.support.daemons import RunningDaemon
 from tests.support.probe import Prober
 from tests.support.runs import (

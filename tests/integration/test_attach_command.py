@@ -19,7 +19,8 @@ import pytest
 
 from gpud.model.run import HealthSummary
 from gpud.wire.client import Client
-from gpud.wire.protocol import RUN_HEALTH, RUN_STATUS, RunRef, RunStatus
+from gpud.wire.protocol import RUN_HEALTH, RUN_STATUS
+from gpud.wire.run_messages import RunRef, RunStatus
 from tests.support.daemons import RunningDaemon
 from tests.support.waiting import until
 

@@ -28,7 +28,8 @@ from gpud.attach.client import AttachLink
 from gpud.attach.wire import AttachRequest
 from gpud.node.statedir import StateDir
 from gpud.wire.client import Client
-from gpud.wire.protocol import RUN_METRICS, RUN_STATUS, MetricsRequest, RunRef
+from gpud.wire.protocol import RUN_METRICS, RUN_STATUS
+from gpud.wire.run_messages import MetricsRequest, RunRef
 from tests.support import users
 from tests.support.daemons import RunningDaemon
 

@@ -11,7 +11,8 @@ import zmq
 
 from gpud.security.keys import KeyPair
 from gpud.wire.client import Client, NodeTarget, RequestFailed, Unreachable
-from gpud.wire.protocol import NODE_INFO, Empty, encode_request
+from gpud.wire.node_messages import Empty
+from gpud.wire.protocol import NODE_INFO, encode_request
 from tests.support.adversary import audit_records
 from tests.support.daemons import RunningDaemon, gpuctl
 

@@ -11,7 +11,7 @@ import psutil
 import zmq
 
 from gpud.security.keys import load_client_keypair
-from gpud.wire.protocol import MAX_FRAME_BYTES, READ_FRAME_BYTES
+from gpud.wire.envelope import MAX_FRAME_BYTES, READ_FRAME_BYTES
 from tests.support.daemons import RunningDaemon
 from tests.support.waiting import until
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpud.model.run import CauseKind, RunState
-from gpud.wire.protocol import RunStatus
+from gpud.wire.run_messages import RunStatus
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.logs import (
     CUDA_OOM_MESSAGE,

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpud.wire.client import Client
-from gpud.wire.protocol import RUN_METRICS, MetricsReply, MetricsRequest
+from gpud.wire.protocol import RUN_METRICS
+from gpud.wire.run_messages import MetricsReply, MetricsRequest
 from tests.support.daemons import RunningDaemon, free_port, gpuctl
 from tests.support.runs import force_stop, launch, script_spec, wait_for
 from tests.support.waiting import until

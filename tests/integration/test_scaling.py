@@ -20,7 +20,8 @@ from gpud.efficiency.model import flops_text
 from gpud.scaling.arithmetic import ScalingPoint
 from gpud.scaling.baselines import baselines_path, load_baselines
 from gpud.wire.client import Client
-from gpud.wire.protocol import RUN_LIST, ListRequest, RunList
+from gpud.wire.protocol import RUN_LIST
+from gpud.wire.run_messages import ListRequest, RunList
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import (
     CPU_DDP,

@@ -16,7 +16,8 @@ import pytest
 
 from gpud.model.run import HealthSummary
 from gpud.wire.client import Client, ClientError
-from gpud.wire.protocol import RUN_HEALTH, RUN_LIST, RUN_STATUS, ListRequest, RunRef, RunSummary
+from gpud.wire.protocol import RUN_HEALTH, RUN_LIST, RUN_STATUS
+from gpud.wire.run_messages import ListRequest, RunRef, RunSummary
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.slurm import LocalSlurm
 from tests.support.slurm_runs import ps, submit, write_spec

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpud.security.roles import Role
-from gpud.wire.protocol import RUN_LAUNCH, LaunchReply, LaunchRequest, NodeRefIn, RunStatus
+from gpud.wire.protocol import RUN_LAUNCH
+from gpud.wire.run_messages import LaunchReply, LaunchRequest, NodeRefIn, RunStatus
 from tests.support.adversary import authorized_keys
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import launch, script_spec, status, wait_for

@@ -22,7 +22,7 @@ import zmq
 from gpud import __version__
 from gpud.node.store import SCHEMA_VERSION
 from gpud.security.known_nodes import KnownNode, remember_node
-from gpud.wire.protocol import MIN_PROTOCOL, PROTOCOL_VERSION
+from gpud.wire.envelope import MIN_PROTOCOL, PROTOCOL_VERSION
 from tests.support.daemons import RunningDaemon, free_port, gpuctl, run_cli, spawn_daemon
 
 

@@ -12,17 +12,8 @@ import psutil
 from gpud.model.run import HealthSummary, RunState
 from gpud.runs.process import procs
 from gpud.wire.client import Client, Unreachable
-from gpud.wire.protocol import (
-    RUN_HEALTH,
-    RUN_METRICS,
-    RUN_STATUS,
-    Method,
-    MetricsRequest,
-    ReplyT,
-    RequestT,
-    RunRef,
-    RunStatus,
-)
+from gpud.wire.protocol import RUN_HEALTH, RUN_METRICS, RUN_STATUS, Method, ReplyT, RequestT
+from gpud.wire.run_messages import MetricsRequest, RunRef, RunStatus
 from tests.support.daemons import RunningDaemon, gpuctl
 
 ROOT = Path(__file__).resolve().parents[2]

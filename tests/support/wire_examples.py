@@ -19,17 +19,9 @@ from gpud.model.run import TRAINER_MESSAGES, HealthSummary, RunEvent
 from gpud.model.snapshot import NodeEvent, NodeSnapshot
 from gpud.notify.targets import Webhook
 from gpud.wire.brief import NodeBrief
-from gpud.wire.protocol import (
-    METHODS,
-    RUN_ID_PATTERN,
-    ErrorInfo,
-    Event,
-    Reply,
-    Request,
-    RunLogEvent,
-    RunMetricsEvent,
-    RunSummary,
-)
+from gpud.wire.envelope import ErrorInfo, Event, Reply, Request
+from gpud.wire.protocol import METHODS, RunLogEvent, RunMetricsEvent
+from gpud.wire.run_messages import RUN_ID_PATTERN, RunSummary
 
 #: A value for each field pattern the wire models use; a new pattern must be added here.
 PATTERNS = {

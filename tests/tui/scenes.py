@@ -31,15 +31,9 @@ from gpud.model.snapshot import (
     XidSummary,
 )
 from gpud.wire.client import NodeTarget
-from gpud.wire.protocol import (
-    Event,
-    LogChunk,
-    MetricRow,
-    MetricsReply,
-    RunLogEvent,
-    RunMetricsEvent,
-    RunSummary,
-)
+from gpud.wire.envelope import Event
+from gpud.wire.protocol import RunLogEvent, RunMetricsEvent
+from gpud.wire.run_messages import LogChunk, MetricRow, MetricsReply, RunSummary
 from tui.model.fleet import FleetModel
 from tui.model.targets import Target
 

@@ -14,7 +14,8 @@ import pytest
 from gpud.model.run import RunState
 from gpud.scaling.arithmetic import NodeHardware, ScalingPoint, ScalingResult, with_ratios
 from gpud.scaling.baselines import load_baselines, save_baseline
-from gpud.wire.protocol import MetricRow, MetricsReply, NodeInfo
+from gpud.wire.node_messages import NodeInfo
+from gpud.wire.run_messages import MetricRow, MetricsReply
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import CPU_DDP, FAST, launch
 from tests.tui import scenes

@@ -9,7 +9,7 @@ from gpud.efficiency.model import RunFlops
 from gpud.model.run import HealthSummary, RunState
 from gpud.wire.brief import RunBrief, sum_topic
 from gpud.wire.briefing import node_brief
-from gpud.wire.protocol import RunList
+from gpud.wire.run_messages import RunList
 from tests.tui import scenes
 from tui.model.fleet import FleetModel
 from tui.widgets.run_header import mfu_text

@@ -16,7 +16,7 @@ from gpud.model.run import RunState
 from gpud.runs.diagnosis.logparse import split_rank
 from gpud.wire.brief import NodeBrief
 from gpud.wire.client import Client
-from gpud.wire.protocol import RunList
+from gpud.wire.run_messages import RunList
 from tests.support.daemons import RunningDaemon, gpuctl
 from tests.support.runs import FAST, launch, script_spec, wait_for
 from tests.tui import scenes

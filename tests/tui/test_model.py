@@ -5,14 +5,8 @@ from __future__ import annotations
 
 from gpud.model.run import RunState
 from gpud.model.snapshot import GpuProcess
-from gpud.wire.protocol import (
-    LogChunk,
-    MetricRow,
-    MetricsReply,
-    RunList,
-    RunLogEvent,
-    RunMetricsEvent,
-)
+from gpud.wire.protocol import RunLogEvent, RunMetricsEvent
+from gpud.wire.run_messages import LogChunk, MetricRow, MetricsReply, RunList
 from tests.tui import scenes
 from tui.model import actions
 from tui.model.fleet import FleetModel

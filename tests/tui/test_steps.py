@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpud.model.run import HealthSummary, RankView, RunState
-from gpud.wire.protocol import MetricRow, MetricsReply, RunMetricsEvent
+from gpud.wire.protocol import RunMetricsEvent
+from gpud.wire.run_messages import MetricRow, MetricsReply
 from tests.tui import scenes
 from tests.tui.screen import screen_text
 from tui.app import GpuTop

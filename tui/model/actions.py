@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gpud.model.run import RunState
 from gpud.wire.client import Client, NodeTarget
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 from tui.model.fleet import FleetModel
 from tui.model.runs import RunView
 

@@ -12,13 +12,9 @@ from __future__ import annotations
 from gpud.model.run import HealthSummary, RunEvent
 from gpud.model.snapshot import NodeSnapshot
 from gpud.wire.brief import NodeBrief
-from gpud.wire.protocol import (
-    Event,
-    RunLogEvent,
-    RunMetricsEvent,
-    RunSummary,
-    decode_event,
-)
+from gpud.wire.envelope import Event
+from gpud.wire.protocol import RunLogEvent, RunMetricsEvent, decode_event
+from gpud.wire.run_messages import RunSummary
 
 
 class _HwEvent(Event):

@@ -37,17 +37,9 @@ from gpud.wire.client import (
     Subscription,
     Unreachable,
 )
-from gpud.wire.protocol import (
-    RUN_METRICS,
-    RUN_STATUS,
-    Event,
-    LogsRequest,
-    MetricsReply,
-    MetricsRequest,
-    RunRef,
-    RunStatus,
-    UnknownKind,
-)
+from gpud.wire.envelope import Event
+from gpud.wire.protocol import RUN_METRICS, RUN_STATUS, UnknownKind
+from gpud.wire.run_messages import LogsRequest, MetricsReply, MetricsRequest, RunRef, RunStatus
 from tui.model.decode import decode
 from tui.model.fleet import FleetModel, Want
 from tui.model.targets import Target

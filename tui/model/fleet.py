@@ -21,17 +21,10 @@ from gpud.model.run import AttemptRecord, HealthSummary, RunEvent
 from gpud.model.snapshot import NodeEvent, NodeSnapshot
 from gpud.scaling.arithmetic import LiveEfficiency, live_efficiency
 from gpud.wire.brief import NodeBrief
-from gpud.wire.protocol import (
-    Event,
-    LogChunk,
-    MetricsReply,
-    NodeEventsReply,
-    NodeInfo,
-    RunList,
-    RunLogEvent,
-    RunMetricsEvent,
-    RunSummary,
-)
+from gpud.wire.envelope import Event
+from gpud.wire.node_messages import NodeEventsReply, NodeInfo
+from gpud.wire.protocol import RunLogEvent, RunMetricsEvent
+from gpud.wire.run_messages import LogChunk, MetricsReply, RunList, RunSummary
 from tui.model.baselines import BaselineBook
 from tui.model.nodes import NodeView
 from tui.model.runs import RunView

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpud.wire.client import Client, NodeTarget
-from gpud.wire.protocol import NODE_DRAIN, NODE_UNDRAIN, DrainReply, DrainRequest, UndrainRequest
+from gpud.wire.node_messages import DrainReply, DrainRequest, UndrainRequest
+from gpud.wire.protocol import NODE_DRAIN, NODE_UNDRAIN
 from tui.model.actions import ActionRefused
 from tui.model.fleet import FleetModel
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpud.runs.diagnosis.logparse import split_rank  # torchrun's `[default1]:`, torch's `[rank1]: `
-from gpud.wire.protocol import is_log_mark
+from gpud.wire.run_messages import is_log_mark
 
 LINES_KEPT = 5000
 

@@ -29,7 +29,7 @@ from gpud.wire.brief import (
 )
 from gpud.wire.briefing import node_brief
 from gpud.wire.client import NodeTarget
-from gpud.wire.protocol import NodeInfo
+from gpud.wire.node_messages import NodeInfo
 from tui.model.series import Recent
 
 #: Silence after which a node is offline, at the default 1 s interval.

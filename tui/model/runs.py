@@ -30,7 +30,7 @@ from gpud.model.run import (
     verdict_word,
 )
 from gpud.wire.brief import RunBrief
-from gpud.wire.protocol import MetricsReply, RunSummary
+from gpud.wire.run_messages import MetricsReply, RunSummary
 from tui.model.logs import LogBuffer
 from tui.model.series import MetricSeries
 

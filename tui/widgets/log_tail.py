@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from gpud.wire.protocol import is_log_mark
+from gpud.wire.run_messages import is_log_mark
 from tui.model.logs import LogLine
 from tui.model.runs import RunView
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from gpud.model.sizes import size_text
 from gpud.runs.process.shim import index_path, segment_path
-from gpud.wire.protocol import LOG_MARK_PREFIX
+from gpud.wire.run_messages import LOG_MARK_PREFIX
 
 LOG_NAME = "output.log"
 #: A segment can vanish between reading the index and opening it: read the index again.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from gpud.model.run import AttemptRecord, RunRecord
 from gpud.runs.diagnosis.attempt_log import AttemptLog
 from gpud.runs.diagnosis.logparse import split_rank
-from gpud.wire.protocol import LogChunk, LogsRequest, is_log_mark
+from gpud.wire.run_messages import LogChunk, LogsRequest, is_log_mark
 
 #: A filter on the start of a line: its first `LINE_START` bytes (or all of a shorter one).
 LineFilter = Callable[[bytes], bool]

@@ -39,7 +39,8 @@ from gpud.model.snapshot import NodeSnapshot
 from gpud.runs.diagnosis.logparse import TROUBLE
 from gpud.runs.health.stragglers import StragglerWatch
 from gpud.runs.health.verdict import assess, assess_by_output, baseline_for
-from gpud.wire.protocol import PartHealth, run_topic
+from gpud.wire.protocol import run_topic
+from gpud.wire.run_messages import PartHealth
 from launch.backends import resolve_backend
 from launch.spec import RunSpec
 

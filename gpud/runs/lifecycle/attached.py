@@ -50,7 +50,8 @@ from gpud.runs.state.book import RunBook
 from gpud.runs.state.part import Part
 from gpud.security.auth import PeerKeys
 from gpud.slurm.jobs import SlurmJobs
-from gpud.wire.protocol import ErrorCode, NodeRefIn, ProtocolError
+from gpud.wire.envelope import ErrorCode, ProtocolError
+from gpud.wire.run_messages import NodeRefIn
 
 log = logging.getLogger("gpud.attach")
 

@@ -17,8 +17,9 @@ from gpud.runs.multinode.gang import Gang
 from gpud.runs.state.book import RunBook, check_coordinator
 from gpud.security.auth import Caller
 from gpud.wire.brief import ENDED_KEPT_MAX, ENDED_KEPT_S
-from gpud.wire.protocol import (
-    ErrorCode,
+from gpud.wire.envelope import ErrorCode, ProtocolError
+from gpud.wire.node_messages import UsageReply, UsageRequest
+from gpud.wire.run_messages import (
     ListRequest,
     LogChunk,
     LogsRequest,
@@ -27,13 +28,10 @@ from gpud.wire.protocol import (
     MetricsRequest,
     PartHealth,
     PartStatusRequest,
-    ProtocolError,
     RunList,
     RunRef,
     RunStatus,
     RunSummary,
-    UsageReply,
-    UsageRequest,
     metrics_reply,
 )
 

@@ -55,9 +55,9 @@ from gpud.runs.state.part import Outcome, Part, reap_shims
 from gpud.security.auth import Caller, PeerKeys
 from gpud.security.keys import KeyPair
 from gpud.slurm.jobs import slurm_compute_node
+from gpud.wire.envelope import ErrorCode, ProtocolError
 from gpud.wire.ingest import Ingest
-from gpud.wire.protocol import (
-    ErrorCode,
+from gpud.wire.run_messages import (
     GangStatus,
     JoinReply,
     JoinRequest,
@@ -73,7 +73,6 @@ from gpud.wire.protocol import (
     PartStartRequest,
     PartStatusRequest,
     PartStopRequest,
-    ProtocolError,
     ResumeRequest,
     RunStartRequest,
     RunSummary,

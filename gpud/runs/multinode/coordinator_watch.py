@@ -17,7 +17,7 @@ Pure state and one pure decision, clocked and carried out by the gang.
 from __future__ import annotations
 
 from gpud.model.run import RunState
-from gpud.wire.protocol import GangStatus, PartStopRequest
+from gpud.wire.run_messages import GangStatus, PartStopRequest
 
 #: How often a node with a live part asks node 0 where the run stands.
 WATCH_S = 5.0

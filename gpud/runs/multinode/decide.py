@@ -35,7 +35,7 @@ from gpud.model.run import (
     cause_precedence,
 )
 from gpud.runs.diagnosis import hints
-from gpud.wire.protocol import PartView
+from gpud.wire.run_messages import PartView
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from gpud.runs.state.book import RunBook
 from gpud.runs.state.checkpoints import ResumePoint, find_checkpoint
 from gpud.security.keys import KeyPair
 from gpud.wire.client import ClientError, RequestFailed, Unreachable
+from gpud.wire.envelope import ErrorCode, ProtocolError
 from gpud.wire.protocol import (
     GANG_STATUS,
     PART_HEALTH,
@@ -62,9 +63,12 @@ from gpud.wire.protocol import (
     PART_START,
     PART_STATUS,
     PART_STOP,
-    ErrorCode,
-    GangStatus,
     Method,
+    RunLogEvent,
+    RunMetricsEvent,
+)
+from gpud.wire.run_messages import (
+    GangStatus,
     PartHealth,
     PartPreflight,
     PartPreflightRequest,
@@ -74,9 +78,6 @@ from gpud.wire.protocol import (
     PartStatusRequest,
     PartStopRequest,
     PartView,
-    ProtocolError,
-    RunLogEvent,
-    RunMetricsEvent,
 )
 from launch.spec import RunSpec
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpud.model.run import RunRecord, RunState
-from gpud.wire.protocol import PartStopRequest, PartView
+from gpud.wire.run_messages import PartStopRequest, PartView
 
 #: How often a node whose part should have stopped is asked again.
 RETRY_S = 2.0

@@ -35,7 +35,7 @@ from gpud.runs.placement.gpus import (
     closeness_from,
 )
 from gpud.slurm.jobs import SlurmJobs
-from gpud.wire.protocol import ErrorCode, ProtocolError
+from gpud.wire.envelope import ErrorCode, ProtocolError
 from launch.spec import RunSpec
 
 log = logging.getLogger("gpud.runs")

@@ -35,7 +35,9 @@ from gpud.model.snapshot import Severity
 from gpud.node.store import Store
 from gpud.security.auth import Caller
 from gpud.security.roles import Role
-from gpud.wire.protocol import ErrorCode, ProtocolError, RunSummary, run_topic
+from gpud.wire.envelope import ErrorCode, ProtocolError
+from gpud.wire.protocol import run_topic
+from gpud.wire.run_messages import RunSummary
 from launch.spec import RunSpec, parse_spec
 
 if TYPE_CHECKING:

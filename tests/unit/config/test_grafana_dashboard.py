@@ -13,7 +13,7 @@ from gpud.efficiency.goodput import Goodput, GoodputClock
 from gpud.efficiency.model import RunFlops
 from gpud.model.run import HealthSummary, RunState
 from gpud.prometheus.series import RunOnNode, run_families
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "config" / "grafana" / "gpud.json"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpud.efficiency.model import RunFlops
 from gpud.model.run import HealthSummary, RunState
 from gpud.wire.briefing import run_brief
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 
 
 def summary(state: RunState) -> RunSummary:

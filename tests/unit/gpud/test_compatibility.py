@@ -17,14 +17,9 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from gpud.model.snapshot import NodeEvent
-from gpud.wire import protocol
-from gpud.wire.protocol import (
-    NodeEventsReply,
-    UnknownKind,
-    decode_event,
-    encode_event,
-    node_event_topic,
-)
+from gpud.wire import envelope, node_messages, protocol, run_messages
+from gpud.wire.node_messages import NodeEventsReply
+from gpud.wire.protocol import UnknownKind, decode_event, encode_event, node_event_topic
 from tests.support.wire_examples import STRICT, example, roots, wire_models
 
 MODELS = wire_models()
@@ -41,14 +36,15 @@ def optional_fields(model: type[BaseModel]) -> list[str]:
     return [name for name, field in model.model_fields.items() if not field.is_required()]
 
 
-def test_every_model_the_protocol_module_defines_is_walked() -> None:
+def test_every_model_the_protocol_modules_define_is_walked() -> None:
     defined = {
         value
-        for value in vars(protocol).values()
+        for module in (protocol, envelope, node_messages, run_messages)
+        for value in vars(module).values()
         if inspect.isclass(value)
         and issubclass(value, BaseModel)
-        and value.__module__ == protocol.__name__
-        and value not in (protocol.Message,)
+        and value.__module__ == module.__name__
+        and value not in (envelope.Message,)
     }
     assert defined - set(MODELS) == set()
     assert len(roots()) > 50 and len(MODELS) > 80  # requests, replies, events, messages

@@ -9,7 +9,7 @@ from gpud.efficiency.mfu import SIMULATED
 from gpud.efficiency.model import RunFlops
 from gpud.model.run import HealthSummary, NodeRef, RankView, RunState, Stall
 from gpud.prometheus.series import RunOnNode, run_families
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 
 
 def summary(state: RunState = RunState.RUNNING, **values: float) -> RunSummary:

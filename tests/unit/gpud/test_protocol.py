@@ -10,19 +10,11 @@ from gpud import __version__
 from gpud.model.snapshot import NodeEvent, NodeSnapshot
 from gpud.notify.targets import Webhook
 from gpud.security.roles import Role
+from gpud.wire.envelope import MIN_PROTOCOL, PROTOCOL_VERSION, ErrorCode, ProtocolError
+from gpud.wire.node_messages import AckEventsRequest, Empty, NodeEventsRequest, NotifyTestRequest
 from gpud.wire.protocol import (
     METHODS,
-    MIN_PROTOCOL,
     NODE_EVENTS,
-    PROTOCOL_VERSION,
-    AckEventsRequest,
-    Empty,
-    ErrorCode,
-    LaunchRequest,
-    NodeEventsRequest,
-    NodeRefIn,
-    NotifyTestRequest,
-    ProtocolError,
     decode_event,
     decode_reply,
     decode_request,
@@ -33,6 +25,7 @@ from gpud.wire.protocol import (
     hw_topic,
     node_event_topic,
 )
+from gpud.wire.run_messages import LaunchRequest, NodeRefIn
 from tests.support.samples import host_sample
 
 HOST = host_sample()

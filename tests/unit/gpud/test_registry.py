@@ -18,7 +18,8 @@ from gpud.daemon import Daemon
 from gpud.security.auth import Caller
 from gpud.settings import ServeSettings
 from gpud.wire.control import Binding, IncompleteRegistry, Registry, bind
-from gpud.wire.protocol import METHODS, NODE_INFO, Empty, NodeInfo
+from gpud.wire.node_messages import Empty, NodeInfo
+from gpud.wire.protocol import METHODS, NODE_INFO
 from tests.support.daemons import free_port
 
 

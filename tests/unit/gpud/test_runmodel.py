@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gpud.model.run import RankView, RunState, completed_steps, steps_text
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 
 
 def summary(last_step: int | None, max_steps: int | None = 20) -> RunSummary:

@@ -23,7 +23,7 @@ from gpud.scaling.arithmetic import (
     timed_window,
     with_ratios,
 )
-from gpud.wire.protocol import MetricRow
+from gpud.wire.run_messages import MetricRow
 
 
 def rows(times: dict[int, float], attempt: int = 1, **values: float) -> list[MetricRow]:

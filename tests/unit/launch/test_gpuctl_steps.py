@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpud.model.run import NO_HEARTBEATS, HealthSummary, RankView, RunState
-from gpud.wire.protocol import RunSummary
+from gpud.wire.run_messages import RunSummary
 from launch.gpuctl.follow import progress_line
 from launch.gpuctl.observe import render_health
 

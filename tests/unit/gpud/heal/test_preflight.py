@@ -15,7 +15,7 @@ from gpud.heal.preflight import (
     with_figures,
 )
 from gpud.model.snapshot import GpuProcess, GpuSample, XidRecord, XidSummary
-from gpud.wire.protocol import PartPreflight
+from gpud.wire.run_messages import PartPreflight
 
 GIB = 2**30
 NOW = 10_000.0

@@ -17,7 +17,7 @@ from gpud.runs.lifecycle.attached import REATTACH_S, AttachConfig, AttachedRuns,
 from gpud.runs.state.book import RunBook
 from gpud.runs.state.part import Part
 from gpud.security.auth import PeerKeys
-from gpud.wire.protocol import NodeRefIn
+from gpud.wire.run_messages import NodeRefIn
 
 ALICE = Peer(pid=os.getpid(), uid=1001, gid=1001)
 MALLORY = Peer(pid=os.getpid(), uid=1002, gid=1002)

@@ -11,7 +11,8 @@ from gpud.runs.multinode.peer_stops import PeerStops
 from gpud.runs.state.book import check_member
 from gpud.security.auth import Caller
 from gpud.security.roles import Role
-from gpud.wire.protocol import ErrorCode, GangStatus, PartStopRequest, ProtocolError
+from gpud.wire.envelope import ErrorCode, ProtocolError
+from gpud.wire.run_messages import GangStatus, PartStopRequest
 
 NODES = [
     NodeRef(control=f"tcp://10.0.0.{i}:5555", name=f"n{i}", server_key=f"key-{i}") for i in range(3)

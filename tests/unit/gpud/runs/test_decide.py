@@ -6,7 +6,7 @@ import pytest
 
 from gpud.model.run import CauseKind, FailureCause, NodeRef, RunRecord, RunState
 from gpud.runs.multinode.decide import GangDecision, RestartPolicy, decide, gang_state
-from gpud.wire.protocol import PartView
+from gpud.wire.run_messages import PartView
 
 NODES = [NodeRef(control=f"tcp://10.0.0.{i}:5555", name=f"n{i}") for i in range(3)]
 NO_RESTART = RestartPolicy()

@@ -13,7 +13,7 @@ from gpud.runs.diagnosis.logparse import classify, root_cause, split_rank
 from gpud.runs.diagnosis.logread import read_chunk
 from gpud.runs.multinode.decide import gang_state
 from gpud.runs.placement.ports import NoFreePort, pick_port
-from gpud.wire.protocol import LogsRequest
+from gpud.wire.run_messages import LogsRequest
 from tests.support.logs import TORCHRUN_FAILURE
 
 P, S, R, X, OK, F, STOP = (

@@ -17,7 +17,7 @@ from gpud.model.run import AttemptRecord, RunRecord, RunState
 from gpud.runs.diagnosis.attempt_log import AttemptLog
 from gpud.runs.diagnosis.logread import read_chunk
 from gpud.runs.process import shim
-from gpud.wire.protocol import LogsRequest, is_log_mark
+from gpud.wire.run_messages import LogsRequest, is_log_mark
 
 BOUND = 100_000  # a head of 25 kB, and segments of 25 kB, three kept
 MARK = re.compile(

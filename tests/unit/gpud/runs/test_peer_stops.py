@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpud.model.run import NodeRef, RunRecord, RunState
 from gpud.runs.multinode.peer_stops import RETRY_S, PeerStops
-from gpud.wire.protocol import PartStopRequest, PartView
+from gpud.wire.run_messages import PartStopRequest, PartView
 
 NODES = [NodeRef(control=f"tcp://10.0.0.{i}:5555", name=f"n{i}") for i in range(3)]
 
