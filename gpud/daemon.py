@@ -33,8 +33,8 @@ from gpud.heal.holds import Holds
 from gpud.heal.service import Healing
 from gpud.kube.pods import KubePods, on_kubernetes
 from gpud.model.endpoints import endpoint_host, events_endpoint_for
-from gpud.model.run import TrainerMessage
 from gpud.model.snapshot import GpuSample, NodeEvent, NodeSnapshot, Severity
+from gpud.model.trainer_messages import TrainerMessage
 from gpud.node.ledger import CpuLedger, until_beat
 from gpud.node.statedir import StateDir, StateDirBusy
 from gpud.node.store import SchemaTooNew, Store

@@ -1,7 +1,7 @@
 """The trainer-facing sockets: ingest (PULL) and trainer control (PUB), both ipc.
 
-Ranks PUSH two-frame messages `[kind, json]` (see `gpud.model.run.TRAINER_MESSAGES`); each
-is validated (leniently: unknown fields are ignored) and handed to the supervisor, or
+Ranks PUSH two-frame messages `[kind, json]` (`gpud.model.trainer_messages`); each is
+validated (leniently: unknown fields are ignored) and handed to the supervisor, or
 dropped and counted. A kind this daemon does not know (a newer trainers library's) is
 skipped and counted apart (`skipped`, node.info's `skipped_messages`): the rank's other
 messages still count. Stop requests
@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
-from gpud.model.run import TRAINER_MESSAGES, TrainerMessage
+from gpud.model.trainer_messages import TRAINER_MESSAGES, TrainerMessage
 from gpud.wire.envelope import MAX_FRAME_BYTES
 
 log = logging.getLogger("gpud.ingest")

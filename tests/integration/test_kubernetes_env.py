@@ -19,7 +19,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from gpud.model.run import TRAINER_MESSAGES, HeartbeatMessage, HelloMessage, TrainerMessage
+from gpud.model.trainer_messages import (
+    TRAINER_MESSAGES,
+    HeartbeatMessage,
+    HelloMessage,
+    TrainerMessage,
+)
 from tests.support.daemons import free_port
 
 pytestmark = pytest.mark.slow

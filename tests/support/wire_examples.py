@@ -15,8 +15,9 @@ from typing import Any, get_args
 from pydantic import BaseModel
 
 from gpud.attach import wire
-from gpud.model.run import TRAINER_MESSAGES, HealthSummary, RunEvent
+from gpud.model.run import HealthSummary, RunEvent
 from gpud.model.snapshot import NodeEvent, NodeSnapshot
+from gpud.model.trainer_messages import TRAINER_MESSAGES
 from gpud.notify.targets import Webhook
 from gpud.wire.brief import NodeBrief
 from gpud.wire.envelope import ErrorInfo, Event, Reply, Request

@@ -19,15 +19,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from gpud.model.run import (
-    CheckpointRef,
-    HeartbeatMessage,
-    MetricPoint,
-    ProbeMessage,
-    RunRecord,
-    RunState,
-    TrainerMessage,
-)
+from gpud.model.run import CheckpointRef, MetricPoint, RunRecord, RunState
+from gpud.model.trainer_messages import HeartbeatMessage, ProbeMessage, TrainerMessage
 from gpud.node.ledger import CpuLedger
 from gpud.node.store import Store
 from gpud.patterns.extract import MetricExtractor

@@ -27,15 +27,13 @@ from gpud.model.run import (
     BandwidthView,
     GpuTrouble,
     HealthSummary,
-    HeartbeatMessage,
     MetricPoint,
-    MetricsMessage,
-    ProbeMessage,
     RankView,
     RunRecord,
     RunState,
 )
 from gpud.model.snapshot import NodeSnapshot
+from gpud.model.trainer_messages import HeartbeatMessage, MetricsMessage, ProbeMessage
 from gpud.runs.diagnosis.logparse import TROUBLE
 from gpud.runs.health.stragglers import StragglerWatch
 from gpud.runs.health.verdict import assess, assess_by_output, baseline_for

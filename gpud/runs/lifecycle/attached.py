@@ -36,15 +36,8 @@ from gpud.attach.wire import (
     refusal,
 )
 from gpud.kube.pods import KubePods
-from gpud.model.run import (
-    Attachment,
-    AttemptRecord,
-    ExitInfo,
-    NodeRef,
-    RunRecord,
-    RunState,
-    TrainerMessage,
-)
+from gpud.model.run import Attachment, AttemptRecord, ExitInfo, NodeRef, RunRecord, RunState
+from gpud.model.trainer_messages import TrainerMessage
 from gpud.runs.process import procs
 from gpud.runs.state.book import RunBook
 from gpud.runs.state.part import Part

@@ -15,7 +15,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from gpud.model.run import HeartbeatMessage, TrainerMessage
+from gpud.model.trainer_messages import HeartbeatMessage, TrainerMessage
 from gpud.wire.ingest import Ingest
 
 BEAT = {

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from gpud.attach.wire import AttachRequest, CoordinatorUpdate, EndReport, NodesUpdate
-from gpud.model.run import HeartbeatMessage, RunRecord, RunState
+from gpud.model.run import RunRecord, RunState
+from gpud.model.trainer_messages import HeartbeatMessage
 from gpud.node.store import Store
 from gpud.runs.lifecycle.attached import REATTACH_S, AttachConfig, AttachedRuns, Peer
 from gpud.runs.state.book import RunBook
