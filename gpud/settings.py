@@ -21,7 +21,7 @@ from gpud.node.paths import config_dir, default_state_dir
 from gpud.notify.targets import Webhook
 from gpud.retention.policy import RetentionSettings
 from gpud.wire.protocol import describe_validation_error
-from launch.spec import DEFAULT_LOG_MAX_BYTES, LogBound
+from launch.sections import DEFAULT_LOG_MAX_BYTES, LogBound
 
 SERVE_CONFIG_ENV = "GPUD_SERVE_CONFIG"
 DEFAULT_CONFIG_NAME = "gpud.yaml"

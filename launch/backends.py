@@ -25,7 +25,8 @@ from launch import launcher_main
 from launch.autotune import Recommendation
 from launch.environment import base_env, scaled_lr
 from launch.placement import Placement
-from launch.spec import Launcher, RunSpec, TrainingHints
+from launch.sections import Launcher, TrainingHints
+from launch.spec import RunSpec
 
 __all__ = [
     "Command",

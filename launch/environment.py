@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 
 from launch.placement import Placement
-from launch.spec import NcclSettings, RunSpec, TrainingHints, WandbSettings
+from launch.sections import NcclSettings, TrainingHints, WandbSettings
+from launch.spec import RunSpec
 
 
 def scaled_lr(hints: TrainingHints, world_size: int) -> float | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.spec import TrainingHints
+from launch.sections import TrainingHints
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launch.spec import RunSpec, SlurmSettings
+from launch.sections import SlurmSettings
+from launch.spec import RunSpec
 
 #: The part runner each srun task starts (`python -m PART_RUNNER <run-dir>/slurm.json`).
 PART_RUNNER = "gpud.slurm.part"

@@ -48,7 +48,8 @@ from gpud.runs.process import shim
 from gpud.runs.state.checkpoints import newest_checkpoint
 from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
 from launch.scripts import uses_library
-from launch.spec import DEFAULT_LOG_MAX_BYTES, RunSpec, parse_spec
+from launch.sections import DEFAULT_LOG_MAX_BYTES
+from launch.spec import RunSpec, parse_spec
 
 #: What the ranks send with each message on the daemon's shared ingest.
 TOKEN_ENV = "GPUD_INGEST_TOKEN"

@@ -54,7 +54,8 @@ from launch.gpuctl.follow import follow, outcome_line
 from launch.gpuctl.output import emit_json
 from launch.gpuctl.runref import find_run
 from launch.scripts import USES_LIBRARY, script_text
-from launch.spec import RunSpec, SpecError, check_elastic, load_spec
+from launch.sections import SpecError
+from launch.spec import RunSpec, check_elastic, load_spec
 
 
 def _node_ref(target: NodeTarget) -> NodeRefIn:

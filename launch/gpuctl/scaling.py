@@ -65,7 +65,8 @@ from launch.gpuctl.follow import follow
 from launch.gpuctl.launching import JoinFailed, overrides_option, start
 from launch.gpuctl.output import emit_json, table
 from launch.gpuctl.runref import FoundRun, find_run
-from launch.spec import RunSpec, SpecError, load_spec, parse_spec
+from launch.sections import SpecError
+from launch.spec import RunSpec, load_spec, parse_spec
 
 #: A run still going this long after it logged its last timed step is stopped: its script
 #: ignores training.max_steps (or its teardown hangs); the measurement is complete.

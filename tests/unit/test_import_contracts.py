@@ -110,6 +110,7 @@ CONTRACTS = [
         "run specs, command builders and auto-tuning do no I/O",
         covers=(
             "launch.spec",
+            "launch.sections",
             "launch.backends",
             "launch.placement",
             "launch.environment",
@@ -413,6 +414,7 @@ NOT_FOR_PS = (
     "torch",
     "textual",
     "launch.spec",
+    "launch.sections",
     "launch.autotune",
     "launch.slurm",
     "gpud.runs",

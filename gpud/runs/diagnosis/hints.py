@@ -43,7 +43,8 @@ from gpud.runs.diagnosis.causes import (
 )
 from gpud.runs.diagnosis.logparse import split_rank
 from launch.autotune import Recommendation, recommend_for_node
-from launch.spec import Launcher, RunSpec
+from launch.sections import Launcher
+from launch.spec import RunSpec
 
 
 @dataclass(frozen=True)

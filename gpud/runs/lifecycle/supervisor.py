@@ -85,13 +85,8 @@ from launch.backends import (
     resolve_hints,
     resolve_nproc,
 )
-from launch.spec import (
-    DEFAULT_LOG_MAX_BYTES,
-    RunSpec,
-    SpecError,
-    parse_spec,
-    require_absolute_paths,
-)
+from launch.sections import DEFAULT_LOG_MAX_BYTES, SpecError
+from launch.spec import RunSpec, parse_spec, require_absolute_paths
 
 log = logging.getLogger("gpud.runs")
 

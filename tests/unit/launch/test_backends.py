@@ -26,7 +26,8 @@ from launch.backends import (
     resolve_nproc,
     scaled_lr,
 )
-from launch.spec import RunSpec, SpecError, TrainingHints, parse_spec
+from launch.sections import SpecError, TrainingHints
+from launch.spec import RunSpec, parse_spec
 
 PY = "/opt/venv/bin/python"
 RUN_DIR = "/srv/gpud/runs/r-42"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from launch.sections import SpecError
 from launch.slurm import SlurmScriptError, render
-from launch.spec import RunSpec, SpecError, parse_spec
+from launch.spec import RunSpec, parse_spec
 
 BASE = {"name": "llm", "script": "train.py", "workdir": "/shared/llm", "gpus": 8}
 

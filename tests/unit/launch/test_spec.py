@@ -7,14 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.spec import (
-    Launcher,
-    SpecError,
-    apply_overrides,
-    load_spec,
-    parse_spec,
-    spec_json_schema,
-)
+from launch.sections import Launcher, SpecError
+from launch.spec import apply_overrides, load_spec, parse_spec, spec_json_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))

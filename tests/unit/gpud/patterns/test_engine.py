@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpud.patterns.engine import PatternError, compile_pattern
-from launch.spec import MetricPattern
+from launch.sections import MetricPattern
 
 CATASTROPHIC = r"^(?P<loss>(a+)+)$"
 
