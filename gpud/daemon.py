@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import getpass
+import functools
 import logging
 import os
 import signal
@@ -51,15 +51,14 @@ from gpud.security.audit import AuditLog
 from gpud.security.auth import (
     EVENTS_ZAP_DOMAIN,
     ZAP_DOMAIN,
-    AuthorizedKey,
     Authorizer,
     Caller,
-    KeyChanges,
     KeyRing,
     PeerKeys,
     RoleAuthenticator,
-    authorize,
+    authorize_local_user_on_first_start,
     authorized_keys_path,
+    record_key_changes,
 )
 from gpud.security.bursts import flush_all
 from gpud.security.guard import LIBC, ConnectionGuard
@@ -68,12 +67,10 @@ from gpud.security.keys import (
     SERVER_KEY,
     KeyFileError,
     KeyPair,
-    load_or_create_client_keypair,
     load_or_create_keypair,
     server_key_dir,
 )
 from gpud.security.known_nodes import KnownNode, remember_node
-from gpud.security.roles import Role
 from gpud.settings import ServeSettings
 from gpud.wire.brief import sum_topic
 from gpud.wire.briefing import node_brief
@@ -243,7 +240,7 @@ class Daemon:
                 server, created = load_or_create_keypair(key_dir, SERVER_KEY)
                 if created:
                     log.info("created server key in %s", key_dir)
-                self._authorize_local_user_on_first_start()
+                authorize_local_user_on_first_start(self.state.root)
                 ring = KeyRing(authorized_keys_path(self.state.root), peers=self.peer_keys)
             except KeyFileError as exc:
                 raise StartupError(str(exc), EXIT_USAGE) from None
@@ -262,7 +259,7 @@ class Daemon:
         )
         self._audit = AuditLog(self.state.audit_log, int(s.audit_max_mb * 2**20))
         if ring is not None:
-            ring.on_change = self._audit_key_changes
+            ring.on_change = functools.partial(record_key_changes, self._audit)
         LIBC.prefer_mmap_for_large_blocks()
         self._ctx = zmq.asyncio.Context()
         if ring is not None:
@@ -426,43 +423,6 @@ class Daemon:
             sock.curve_secretkey = server_secret
             sock.zap_domain = domain.encode()
         return sock
-
-    def _authorize_local_user_on_first_start(self) -> None:
-        path = authorized_keys_path(self.state.root)
-        if path.exists():
-            return  # the operator owns this file from now on; never re-add a revoked key
-        client, created = load_or_create_client_keypair()
-        name = f"{getpass.getuser()}@{socket.gethostname()}"
-        authorize(self.state.root, client.public_text, Role.OPERATOR, name)
-        log.info(
-            "authorized the local user's key (%s) as operator%s",
-            name,
-            " (created it)" if created else "",
-        )
-
-    def _audit_key_changes(self, changes: KeyChanges) -> None:
-        """The daemon's own record of a change of its authorized keys, as it applied it
-        (gpuctl records who made it; a hand edit of the file has only this one)."""
-        audit = self._audit
-        if audit is None:
-            return
-
-        def entry(k: AuthorizedKey, was: AuthorizedKey | None = None) -> dict[str, Any]:
-            out: dict[str, Any] = {"key": k.key, "name": k.name, "role": k.role.value}
-            if was is not None:
-                out["was"] = {"name": was.name, "role": was.role.value}
-            return out
-
-        body = {
-            "added": [entry(k) for k in changes.added],
-            "removed": [entry(k) for k in changes.removed],
-            "changed": [entry(new, old) for old, new in changes.changed],
-        }
-        said = [f"added {k.name} ({k.role.value})" for k in changes.added]
-        said += [f"removed {k.name} ({k.role.value})" for k in changes.removed]
-        said += [f"{new.name}: {old.role.value} → {new.role.value}" for old, new in changes.changed]
-        detail = "applied from authorized_keys.json: " + "; ".join(said)
-        audit.record("authorized_keys.json", "file", "keys.applied", body, True, detail)
 
     def _register_locally(self) -> None:
         s = self.settings

@@ -11,12 +11,15 @@ changed), so a revoked or downgraded key loses its rights on open connections to
 
 from __future__ import annotations
 
+import getpass
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -24,10 +27,10 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from gpud.node.paths import atomic_write, exclusive
 from gpud.node.statedir import AUDIT_LOG
-from gpud.security.audit import AuditRecord, append_record, local_user
+from gpud.security.audit import AuditLog, AuditRecord, append_record, local_user
 from gpud.security.bursts import ThrottledLog
 from gpud.security.keygate import KeyGate
-from gpud.security.keys import KeyFileError, check_public_key
+from gpud.security.keys import KeyFileError, check_public_key, load_or_create_client_keypair
 from gpud.security.roles import Role
 
 log = logging.getLogger("gpud.auth")
@@ -157,6 +160,45 @@ class KeyChanges:
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.changed)
+
+
+def authorize_local_user_on_first_start(state_dir: Path) -> None:
+    """A daemon's first start authorizes the user who started it as operator (their client
+    key, made if they have none); never again once the file exists: the operator owns it
+    from then on, and a revoked key is never re-added."""
+    path = authorized_keys_path(state_dir)
+    if path.exists():
+        return
+    client, created = load_or_create_client_keypair()
+    name = f"{getpass.getuser()}@{socket.gethostname()}"
+    authorize(state_dir, client.public_text, Role.OPERATOR, name)
+    log.info(
+        "authorized the local user's key (%s) as operator%s",
+        name,
+        " (created it)" if created else "",
+    )
+
+
+def record_key_changes(audit: AuditLog, changes: KeyChanges) -> None:
+    """The daemon's own record of a change of its authorized keys, as it applied it
+    (gpuctl records who made it; a hand edit of the file has only this one)."""
+
+    def entry(k: AuthorizedKey, was: AuthorizedKey | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": k.key, "name": k.name, "role": k.role.value}
+        if was is not None:
+            out["was"] = {"name": was.name, "role": was.role.value}
+        return out
+
+    body = {
+        "added": [entry(k) for k in changes.added],
+        "removed": [entry(k) for k in changes.removed],
+        "changed": [entry(new, old) for old, new in changes.changed],
+    }
+    said = [f"added {k.name} ({k.role.value})" for k in changes.added]
+    said += [f"removed {k.name} ({k.role.value})" for k in changes.removed]
+    said += [f"{new.name}: {old.role.value} → {new.role.value}" for old, new in changes.changed]
+    detail = "applied from authorized_keys.json: " + "; ".join(said)
+    audit.record("authorized_keys.json", "file", "keys.applied", body, True, detail)
 
 
 class PeerKeys:
