@@ -1,9 +1,10 @@
 """After a part ended: whose fault it was, and that nothing of it is left.
 
-`blame_hardware`: a part that failed right after an XID (or a lost GPU) on its GPUs failed
-because of the hardware, whatever its ranks said. `check_nothing_left`: no process of the
-part may survive it (survivors are killed, and said so), and none may hold GPU memory
-(NVML's process lists, on real GPUs); the run's events say which.
+`explained`: the outcome as this node can tell it, before it is recorded. `blame_hardware`:
+a part that failed right after an XID (or a lost GPU) on its GPUs failed because of the
+hardware, whatever its ranks said. `check_nothing_left`: no process of the part may survive
+it (survivors are killed, and said so), and none may hold GPU memory (NVML's process lists,
+on real GPUs); the run's events say which.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from gpud.model.run import RunRecord, RunState
-from gpud.model.snapshot import Backend, GpuSample
-from gpud.runs.diagnosis import causes
+from gpud.model.snapshot import Backend, GpuSample, NodeSnapshot
+from gpud.runs.diagnosis import causes, flight, hints
+from gpud.runs.lifecycle.starting import interpreter
 from gpud.runs.state.book import RunBook
 from gpud.runs.state.part import Outcome, Part
 
@@ -42,6 +44,42 @@ def blame_hardware(gpus: list[GpuSample], part: Part, outcome: Outcome, now: flo
     )
     reason = f"{hardware.summary} ({hardware.kind.label})"
     return Outcome(outcome.state, reason, outcome.exit.model_copy(update={"cause": hardware}))
+
+
+async def explained(
+    book: RunBook,
+    run: RunRecord,
+    part: Part,
+    outcome: Outcome,
+    snapshot: NodeSnapshot,
+    explain: list[Callable[[RunRecord, Part, Outcome], Outcome]],
+    now: float,
+) -> Outcome:
+    """A part's end as this node can tell it: the hardware's fault (`blame_hardware`), what
+    else may explain it (`explain`: gpud.heal's quarantine), the NCCL flight recorder's
+    findings, and what to do about a known cause (its hint)."""
+    outcome = blame_hardware(snapshot.gpus, part, outcome, now)
+    for other in explain:
+        outcome = other(run, part, outcome)
+    findings: list[str] = []
+    if outcome.state is RunState.FAILED and flight.dumps(part.dir):
+        findings = await asyncio.to_thread(flight.analyze, part.dir)
+        if findings:
+            book.event(run, "flight_recorder", "flight recorder: " + "; ".join(findings), "warning")
+            exit_info = outcome.exit.model_copy(update={"flight_recorder": findings})
+            outcome = Outcome(outcome.state, outcome.reason, exit_info)
+    if outcome.exit.cause is not None:
+        # What to do about it, from what this node knows (its interpreter, its GPUs).
+        facts = hints.facts_for(
+            book.spec(run),
+            snapshot,
+            master_port=part.record.master_port,
+            own_python=interpreter(),
+        )
+        cause = outcome.exit.cause.model_copy(update={"flight_recorder": findings})
+        exit_info = outcome.exit.model_copy(update={"cause": hints.with_hint(cause, facts)})
+        outcome = Outcome(outcome.state, outcome.reason, exit_info)
+    return outcome
 
 
 async def check_nothing_left(

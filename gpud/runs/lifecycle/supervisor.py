@@ -17,44 +17,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import Awaitable, Callable, Sized
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
-from gpud.heal import collective
 from gpud.model.run import (
     AttemptRecord,
     NodeRef,
     RunRecord,
     RunState,
     can_move,
-    gpus_text,
     new_run_id,
 )
 from gpud.model.snapshot import GpuSample, NodeSnapshot
 from gpud.node.ledger import CpuLedger, next_beat
 from gpud.node.statedir import StateDir
 from gpud.node.store import Store
-from gpud.runs.diagnosis import causes, flight, hints
 from gpud.runs.health.goodput import GoodputKeeper
 from gpud.runs.health.hangs import HangWatch
 from gpud.runs.health.intake import Intake
 from gpud.runs.health.telemetry import Telemetry
-from gpud.runs.lifecycle.aftermath import blame_hardware, check_nothing_left
+from gpud.runs.lifecycle.aftermath import check_nothing_left, explained
 from gpud.runs.lifecycle.attached import AttachConfig, AttachedRuns, refuse_control
 from gpud.runs.lifecycle.queries import Queries
-from gpud.runs.multinode import elastic, gang
+from gpud.runs.lifecycle.starting import PartStarter
+from gpud.runs.multinode import gang
 from gpud.runs.placement.gpus import Gpu
 from gpud.runs.placement.leases import GpuLeases
 from gpud.runs.placement.ports import NoFreePort, pick_port
-from gpud.runs.process.shim import DISK_FULL
 from gpud.runs.state.book import Publish, RunBook, check_coordinator, check_member
 from gpud.runs.state.checkpoints import ResumePoint, explicit_checkpoint, unset_dir_warning
 from gpud.runs.state.part import Outcome, Part, reap_shims
 from gpud.security.auth import Caller, PeerKeys
 from gpud.security.keys import KeyPair
-from gpud.slurm.jobs import slurm_compute_node
 from gpud.wire.envelope import ErrorCode, ProtocolError
 from gpud.wire.ingest import Ingest
 from gpud.wire.run_messages import (
@@ -64,7 +58,6 @@ from gpud.wire.run_messages import (
     LaunchReply,
     LaunchRequest,
     NodeRefIn,
-    PartPlan,
     PartPreflight,
     PartPreflightRequest,
     PartReleaseRequest,
@@ -78,15 +71,8 @@ from gpud.wire.run_messages import (
     RunSummary,
     StopRequest,
 )
-from launch.autotune import recommend_for_node
-from launch.backends import (
-    Placement,
-    build_command,
-    resolve_hints,
-    resolve_nproc,
-)
-from launch.sections import DEFAULT_LOG_MAX_BYTES, SpecError
-from launch.spec import RunSpec, parse_spec, require_absolute_paths
+from launch.sections import DEFAULT_LOG_MAX_BYTES
+from launch.spec import RunSpec
 
 log = logging.getLogger("gpud.runs")
 
@@ -125,8 +111,6 @@ class Supervisor:
     ) -> None:
         self.node = node
         self.ledger = ledger or CpuLedger()
-        #: Each part's log holds at most this much, unless its spec's `logs.max_bytes` says.
-        self.logs_max_bytes = logs_max_bytes
         self.state = state
         self.store = store
         self.ingest = ingest
@@ -149,12 +133,15 @@ class Supervisor:
             config=attach or AttachConfig(control="", ingest=""),
         )  # fmt: skip
         self.leases = GpuLeases(node, store, hardware, self._run_name, clock)
+        #: the launch and placement path: a part's GPUs, its place, its start
+        self.starter = PartStarter(
+            node, state, store, self.book, self.leases, hardware, ingest, clock, logs_max_bytes
+        )
         #: What else may explain a part's end before it is recorded (gpud.heal's
         #: quarantine): each takes the outcome and returns it, or a better one.
         self.explain: list[Callable[[RunRecord, Part, Outcome], Outcome]] = []
-        #: Who hears of GPUs here that failed a preflight's check (gpud.heal quarantines
-        #: them): the run, and GPU index → what failed.
-        self.bad_gpus: list[Callable[[RunRecord, dict[int, str]], None]] = []
+        #: Who hears of GPUs that failed a preflight's check here (the starter's list).
+        self.bad_gpus = self.starter.bad_gpus
         self._starting: set[str] = set()  # runs whose run.start is under way
         #: Who else lets go of a run retention removed (the publisher's topics).
         self.on_forget: list[Callable[[str], None]] = []
@@ -227,100 +214,6 @@ class Supervisor:
 
     # ================================================================== requests
 
-    def _validated(self, data: dict[str, object]) -> RunSpec:
-        try:
-            spec = parse_spec(data, "spec")
-            require_absolute_paths(spec)
-        except SpecError as exc:
-            raise ProtocolError(ErrorCode.INVALID_BODY, str(exc)) from None
-        if spec.workdir is not None and not Path(spec.workdir).is_dir():
-            # said now (a dry run too), not as a part that cannot start
-            raise ProtocolError(
-                ErrorCode.INVALID_BODY,
-                f"spec: workdir: {spec.workdir} is not a directory on {self.node}; the"
-                " script runs there on every node of the run",
-            )
-        if not spec.allow_outside_scheduler and slurm_compute_node():
-            raise ProtocolError(
-                ErrorCode.INVALID_BODY,
-                f"{self.node} is a Slurm compute node (slurmd runs here): launch through"
-                " Slurm (`gpuctl launch --slurm`), or set allow_outside_scheduler: true",
-            )
-        return spec
-
-    def _placement(
-        self,
-        run: RunRecord,
-        spec: RunSpec,
-        attempt: int,
-        master_addr: str,
-        master_port: int,
-        resume_from: str | None,
-        gpus: list[Gpu],
-    ) -> Placement:
-        snapshot = self.hardware()
-        real_gpus = len(snapshot.gpus) if snapshot.backend == "nvml" else 0
-        recommendation = recommend_for_node(snapshot) if spec.training.auto else None
-        run_dir = Path(run.run_dir)
-        members = elastic.members_of(run, spec)
-        hints = resolve_hints(spec.training, recommendation)
-        if run.grad_accum is not None:  # elastic: the world shrank, the global batch did not
-            hints = hints.model_copy(update={"gradient_accumulation": run.grad_accum})
-        return Placement(
-            run_id=run.id,
-            attempt=attempt,
-            node_name=self.node,
-            node_rank=elastic.attempt_rank(run, members),
-            nnodes=len(members),
-            nproc_per_node=resolve_nproc(spec, real_gpus, len(gpus)),
-            master_addr=master_addr,
-            master_port=master_port,
-            gpu_count=real_gpus,
-            python=spec.python or _interpreter(),
-            run_dir=str(run_dir),
-            attempt_dir=str(run_dir / f"attempt-{attempt}"),
-            checkpoint_dir=run.checkpoint_dir,
-            ingest=self.ingest.ingest_endpoint,
-            control=self.ingest.control_endpoint,
-            resume_from=resume_from,
-            hints=hints,
-            gpus=tuple(g.index for g in gpus),
-        )
-
-    def _plan(self, run: RunRecord, spec: RunSpec, place: Placement) -> PartPlan:
-        command = build_command(spec, place)
-        return PartPlan(
-            node_rank=run.node_rank,
-            node=self.node,
-            gpus=list(place.gpus),
-            argv=command.argv,
-            env=command.env,
-            cwd=command.cwd,
-            files=command.files,
-            unset=list(command.unset),
-        )
-
-    def _new_run(
-        self, run_id: str, spec: RunSpec, nodes: list[NodeRef], node_rank: int, attempt: int = 1
-    ) -> RunRecord:
-        now = self.clock()
-        run_dir = self.state.runs / run_id
-        checkpoint_dir = spec.checkpoint.dir or str(run_dir / "checkpoints")
-        return RunRecord(
-            id=run_id,
-            name=spec.name,
-            created_at=now,
-            spec=spec.model_dump(mode="json"),
-            nodes=nodes,
-            node_rank=node_rank,
-            coordinator=None if node_rank == 0 else nodes[0],
-            state=RunState.PENDING,
-            state_since=now,
-            attempt=attempt,
-            run_dir=str(run_dir),
-            checkpoint_dir=checkpoint_dir,
-        )
-
     def start_part(
         self,
         run: RunRecord,
@@ -330,131 +223,23 @@ class Supervisor:
         master_port: int,
         resume: ResumePoint,
     ) -> Part:
-        """Start this node's part of an attempt (its shim, its torchrun) on the GPUs it
-        leases here; raises a ProtocolError, with nothing leased, when it cannot have them."""
-        held = self.leases.held(run.id, attempt)  # reserved by node 0's all-or-none round
-        gpus = held or self._take(run, spec, attempt)
-        try:
-            part = self._start_part(run, spec, attempt, master_addr, master_port, resume.path, gpus)
-        except BaseException:
-            self.leases.release(run.id, attempt)
-            raise
-        self.book.update_part(part, resume_step=resume.step, start=resume.describe())
-        return part
-
-    def _check_room(self) -> None:
-        """Refuse what would start a run while the state dir has no room: its records
-        could not be kept (the store retries first). SQLite may still find room in pages
-        it holds, so the disk's own free space counts too."""
-        self.store.retry(force=True)
-        full = self.state_full()
-        if full is not None:
-            raise ProtocolError(
-                ErrorCode.UNAVAILABLE, f"{self.node}: {full}; free space there and try again"
-            )
+        return self.starter.start_part(run, spec, attempt, master_addr, master_port, resume)
 
     def state_full(self) -> str | None:
-        """Why the state dir cannot take more, in one line, or None: its database waits for
-        room, or its disk (or that of `runs/`, often a disk of its own) is full."""
-        root = self.state.root
-        runs = root / "runs"
-        return (
-            self.store.full
-            or causes.full_disk(root, f"the state dir {root}")
-            or (causes.full_disk(runs, f"the run dirs' disk {runs}") if runs.is_dir() else None)
-        )
+        return self.starter.state_full()
 
     def reserve_gpus(
         self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str]
     ) -> list[Gpu]:
-        held = self.leases.held(run.id, attempt)
-        if held:
-            return held
-        self._check_queue(run, key)
-        return self._take(run, spec, attempt)
-
-    def _take(self, run: RunRecord, spec: RunSpec, attempt: int) -> list[Gpu]:
-        """Lease the attempt's GPUs here, saying which ones their preflight kept out."""
-        gpus = self.leases.take(run.id, run.name, spec, attempt)
-        for index, why in sorted(self.leases.skipped.items()):
-            self.book.event(
-                run, "preflight", f"GPU {index} of {self.node} left out of attempt {attempt}:"
-                f" it failed its preflight: {why}", "warning",
-            )  # fmt: skip
-        return gpus
+        return self.starter.reserve_gpus(run, spec, attempt, key)
 
     def release_gpus(self, run: RunRecord, attempt: int) -> None:
-        part = self.book.part(run.id)
-        if part is not None and part.record.attempt == attempt and not part.record.state.terminal:
-            return  # its part runs on them; they go back when it ends
-        self.leases.release(run.id, attempt)
-
-    def _check_queue(self, run: RunRecord, key: tuple[float, str]) -> None:
-        """First come, first served: no run starts here while an earlier one waits."""
-        ahead = self.book.ahead_of(run, key)
-        if ahead:
-            first = ahead[0]
-            raise ProtocolError(
-                ErrorCode.UNAVAILABLE,
-                f"no GPUs for {run.name} on {self.node}: {len(ahead)} queued run(s) ahead"
-                f" (next: {first.id} ({first.name}))",
-            )
-
-    def _start_part(
-        self,
-        run: RunRecord,
-        spec: RunSpec,
-        attempt: int,
-        master_addr: str,
-        master_port: int,
-        resume_from: str | None,
-        gpus: list[Gpu],
-    ) -> Part:
-        place = self._placement(run, spec, attempt, master_addr, master_port, resume_from, gpus)
-        command = build_command(spec, place)
-        now = self.clock()
-        record = AttemptRecord(
-            run_id=run.id,
-            attempt=attempt,
-            node_rank=run.node_rank,
-            state=RunState.PENDING,
-            state_since=now,
-            master_addr=master_addr,
-            master_port=master_port,
-            nproc=place.nproc_per_node,
-            attempt_dir=place.attempt_dir,
-            gpus=[g.index for g in gpus],
-            gpu_uuids=[g.uuid for g in gpus],
-            resume_from=resume_from,
-            members=elastic.members_of(run, spec),
-            world_size=place.world_size,
-            grad_accum=place.hints.gradient_accumulation,
-        )
-        part = Part(record, self.clock)
-        env = command.environ(os.environ)
-        try:
-            Path(run.run_dir).mkdir(parents=True, exist_ok=True)
-            Path(run.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            bound = spec.logs.max_bytes or self.logs_max_bytes
-            part.spawn(command.argv, env, command.cwd, command.files, bound)
-        except OSError as exc:
-            code = ErrorCode.UNAVAILABLE if exc.errno in DISK_FULL else ErrorCode.INTERNAL
-            raise ProtocolError(code, f"{self.node}: cannot start the part: {exc}") from None
-        self.book.add_part(part)
-        resumed = f", resuming from {resume_from}" if resume_from else ""
-        on_gpus = f" (GPU {gpus_text(record.gpus)})" if gpus else ""
-        self.book.event(
-            run,
-            "attempt",
-            f"attempt {attempt} started: {place.nproc_per_node} process(es)"
-            f" on {self.node}{on_gpus}, master {master_addr}:{master_port}{resumed}",
-        )
-        return part
+        self.starter.release_gpus(run, attempt)
 
     async def launch(self, req: LaunchRequest, caller: Caller) -> LaunchReply:
-        spec = self._validated(req.spec)
+        spec = self.starter.validated(req.spec)
         if not req.dry_run:
-            self._check_room()
+            self.starter.check_room()
         nodes = [_ref(n) for n in req.nodes]
         if spec.elastic is not None:
             named = len(nodes) - len(spec.elastic.spares)
@@ -466,13 +251,13 @@ class Supervisor:
                 )
         master_addr = gang.master_host(spec, nodes)
         run_id = new_run_id(spec.name)
-        run = self._new_run(run_id, spec, nodes, node_rank=0)
+        run = self.starter.new_run(run_id, spec, nodes, node_rank=0)
         warning = unset_dir_warning(spec, run.checkpoint_dir)
         warnings = [warning] if warning else []
         queue = (req.queue or spec.queue) and not req.dry_run
         try:  # refused here: nothing was set up
             if not req.dry_run:
-                self._check_queue(run, run.queue_key)
+                self.starter.check_queue(run, run.queue_key)
             gpus = self.leases.choose(spec.name, spec)
         except ProtocolError as exc:
             if not queue or exc.code is not ErrorCode.UNAVAILABLE:
@@ -488,7 +273,7 @@ class Supervisor:
             # Node 0 starts it once every node joined and can give its part (all or none).
             why = "waiting for every node to join"
             return self._queue(run, master_addr, caller, why, warnings)
-        if spec.preflight and not req.dry_run and self._real_gpus(gpus):
+        if spec.preflight and not req.dry_run and self.starter.real_gpus(gpus):
             # Real GPUs: the first attempt starts as any other does, after their matmul and
             # memory test (`Gang.start_attempt`; 4-7 s on an H100); refused, the run is
             # cancelled and the reply says why (a GPU that failed it is quarantined).
@@ -501,12 +286,12 @@ class Supervisor:
         except NoFreePort as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
         if req.dry_run:
-            place = self._placement(run, spec, 1, master_addr, port, None, gpus)
+            place = self.starter.placement(run, spec, 1, master_addr, port, None, gpus)
             return LaunchReply(
                 run=self.book.summary(run),
                 master_addr=master_addr,
                 master_port=port,
-                plan=self._plan(run, spec, place),
+                plan=self.starter.plan(run, spec, place),
                 warnings=warnings,
             )
         self.store.lease_port(port, run_id, 1, self.clock())
@@ -599,15 +384,17 @@ class Supervisor:
             self.book.event(run, "spec_warning", warning, "warning")
 
     def join(self, req: JoinRequest, caller: Caller) -> JoinReply:
-        spec = self._validated(req.spec)
+        spec = self.starter.validated(req.spec)
         nodes = [_ref(n) for n in req.nodes]
         if req.node_rank >= len(nodes):
             raise ProtocolError(ErrorCode.INVALID_BODY, "node_rank is past the list of nodes")
         if self.book.known(req.run_id) is not None and not req.dry_run:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {req.run_id} already has a part here")
         if not req.dry_run:
-            self._check_room()
-        run = self._new_run(req.run_id, spec, nodes, node_rank=req.node_rank, attempt=req.attempt)
+            self.starter.check_room()
+        run = self.starter.new_run(
+            req.run_id, spec, nodes, node_rank=req.node_rank, attempt=req.attempt
+        )
         queued = req.queued_at is not None and not req.dry_run
         waits = queued and not req.hold  # held: its GPUs must be free now
         if req.standby and not req.dry_run:
@@ -617,15 +404,17 @@ class Supervisor:
         gpus: list[Gpu] = []
         try:
             if not waits and not req.dry_run:
-                self._check_queue(run, run.queue_key)  # no jumping this node's queue
+                self.starter.check_queue(run, run.queue_key)  # no jumping this node's queue
             gpus = self.leases.choose(spec.name, spec)
         except ProtocolError as exc:
             if not waits or exc.code is not ErrorCode.UNAVAILABLE:
                 raise
         if req.dry_run:
             port = req.master_port or 0
-            place = self._placement(run, spec, req.attempt, req.master_addr, port, None, gpus)
-            return JoinReply(run=self.book.summary(run), plan=self._plan(run, spec, place))
+            place = self.starter.placement(
+                run, spec, req.attempt, req.master_addr, port, None, gpus
+            )
+            return JoinReply(run=self.book.summary(run), plan=self.starter.plan(run, spec, place))
         run = self.book.add(run.model_copy(update={"queued_at": req.queued_at}))
         if nodes[0].server_key:
             self.peer_keys.grant(nodes[0].server_key, run.id)
@@ -766,33 +555,10 @@ class Supervisor:
     async def run_preflight(
         self, run: RunRecord, spec: RunSpec, attempt: int, master: str, world: int, rank: int
     ) -> PartPreflight:
-        """This node's part of the attempt's collective check (`gpud.heal.collective`),
-        on the GPUs the attempt reserved here, with the run's interpreter."""
-        python = spec.python or _interpreter()
-        if python == _interpreter() and not collective.torch_here():
-            why = f"no torch for {python}: the check cannot run"
-            return PartPreflight(node_rank=run.node_rank, ok=False, error=why)
-        gpus = [g.index for g in self.leases.held(run.id, attempt)]
-        real = self._real_gpus(gpus)
-        backend = "nccl" if real and spec.backend != "gloo" else "gloo"
-        found = await collective.run_check(
-            python, run.node_rank, master, world, rank, backend, gpus
-        )
-        if found.failed_gpus:
-            failed = {
-                index: why.split(": ", 1)[-1]
-                for index, why in zip(found.failed_gpus, found.gpu_failures, strict=False)
-            }
-            for hear in self.bad_gpus:
-                hear(run, failed)
-        return found
+        return await self.starter.run_preflight(run, spec, attempt, master, world, rank)
 
     def holds_real_gpus(self, run: RunRecord, attempt: int) -> bool:
-        return self._real_gpus(self.leases.held(run.id, attempt))
-
-    def _real_gpus(self, gpus: Sized) -> bool:
-        """Some GPUs, and real ones (a simulated node's get no GPU check)."""
-        return bool(gpus) and not self.leases.hardware().simulated
+        return self.starter.holds_real_gpus(run, attempt)
 
     def gang_status(self, req: PartStatusRequest, caller: Caller) -> GangStatus:
         """`run.gang.status`: one of the run's other nodes asks where node 0 has it."""
@@ -879,7 +645,7 @@ class Supervisor:
             )
         if run.state is RunState.SUCCEEDED:
             raise ProtocolError(ErrorCode.CONFLICT, f"run {run.id} succeeded: nothing to resume")
-        self._check_room()
+        self.starter.check_room()
         if self.book.get(run.id) is None:
             self.book.load(run)
         queue = req.queue or self.book.spec(run).queue
@@ -1006,30 +772,7 @@ class Supervisor:
     async def _settle(self, run: RunRecord, part: Part, outcome: Outcome) -> None:
         await self.intake.follow_log(run, part, to_end=True)
         now = self.clock()
-        snapshot = self.hardware()
-        outcome = blame_hardware(snapshot.gpus, part, outcome, now)
-        for explain in self.explain:
-            outcome = explain(run, part, outcome)
-        findings: list[str] = []
-        if outcome.state is RunState.FAILED and flight.dumps(part.dir):
-            findings = await asyncio.to_thread(flight.analyze, part.dir)
-            if findings:
-                self.book.event(
-                    run, "flight_recorder", "flight recorder: " + "; ".join(findings), "warning"
-                )
-                exit_info = outcome.exit.model_copy(update={"flight_recorder": findings})
-                outcome = Outcome(outcome.state, outcome.reason, exit_info)
-        if outcome.exit.cause is not None:
-            # What to do about it, from what this node knows (its interpreter, its GPUs).
-            facts = hints.facts_for(
-                self.book.spec(run),
-                snapshot,
-                master_port=part.record.master_port,
-                own_python=_interpreter(),
-            )
-            cause = outcome.exit.cause.model_copy(update={"flight_recorder": findings})
-            exit_info = outcome.exit.model_copy(update={"cause": hints.with_hint(cause, facts)})
-            outcome = Outcome(outcome.state, outcome.reason, exit_info)
+        outcome = await explained(self.book, run, part, outcome, self.hardware(), self.explain, now)
         self.book.update_part(
             part,
             state=outcome.state,
@@ -1046,9 +789,3 @@ class Supervisor:
             self.book.move(run.id, outcome.state, outcome.reason)
         # Node 0 folds this into the gang state on its next gang tick. A peer keeps the
         # coordinator's key: it may start the next attempt (resume, restart).
-
-
-def _interpreter() -> str:
-    import sys
-
-    return sys.executable

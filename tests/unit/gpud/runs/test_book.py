@@ -168,7 +168,7 @@ def test_a_runs_spec_is_parsed_once_and_kept_while_the_book_knows_the_run(
 #: `RunSpec` in one place only (issue 34).
 PARSE_SPEC_CALLERS = {
     ("gpud/runs/state/book.py", "spec"): "RunBook.spec: the one place for a stored run",
-    ("gpud/runs/lifecycle/supervisor.py", "_validated"): "a launch request's spec, no run yet",
+    ("gpud/runs/lifecycle/starting.py", "validated"): "a launch request's spec, no run yet",
     ("gpud/slurm/part.py", "main"): "the Slurm part runner's config file, no stored run",
 }
 
