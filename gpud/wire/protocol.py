@@ -30,11 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gpud.model.run import (
-    AttemptRecord,
-    HealthSummary,
-    RunEvent,
-)
+from gpud.model.run import AttemptRecord, HealthSummary, RunEvent
 from gpud.model.snapshot import NodeEvent, NodeSnapshot, Reading, known_node_events
 from gpud.security.roles import Role
 from gpud.wire.brief import NodeBrief

@@ -29,10 +29,9 @@ from gpud.patterns.frameworks import Recognizers
 from gpud.runs.diagnosis.logparse import classify, split_rank
 from gpud.runs.health.goodput import GoodputKeeper
 from gpud.runs.health.telemetry import Telemetry
-from gpud.runs.multinode import gang
 from gpud.runs.state.book import RunBook
 from gpud.runs.state.part import Part
-from gpud.wire.protocol import run_topic
+from gpud.wire.protocol import RunLogEvent, RunMetricsEvent, run_topic
 
 #: How much of a part's output is read between two yields to the loop, and per tick.
 SLICE_BYTES = 64 * 1024
@@ -125,7 +124,7 @@ class Intake:
             if oldest.step != newest.step:  # an attempt's first step is its first, not the
                 self.goodput.stepped(run, oldest.attempt, oldest.step, now)  # batch's last
             self.goodput.stepped(run, newest.attempt, newest.step, now)
-        self.book.publish(run_topic(run.id, "metrics"), gang.metrics_event(run.id, points))
+        self.book.publish(run_topic(run.id, "metrics"), metrics_event(run.id, points))
 
     # ================================================================== output
 
@@ -164,7 +163,7 @@ class Intake:
                 run = self.book.move(run.id, RunState.RUNNING, f"attempt {record.attempt}")
         self.store.put_attempt(part.record)
         self.telemetry.output(run, record.attempt)
-        self.book.publish(run_topic(run.id, "log"), gang.log_event(self.node, run, part, lines))
+        self.book.publish(run_topic(run.id, "log"), log_event(self.node, run, part, lines))
         rank0: list[str] = []
         for line in lines:
             local, text = split_rank(line)
@@ -247,3 +246,21 @@ class Intake:
         if points:
             self._say_recognized(run)
             self.record_metrics(run, points)
+
+
+def metrics_event(run_id: str, points: list[MetricPoint]) -> RunMetricsEvent:
+    return RunMetricsEvent(
+        run_id=run_id,
+        attempt=points[-1].attempt,
+        points=[{"step": p.step, "time": p.time, "values": p.values} for p in points],
+    )
+
+
+def log_event(node: str, run: RunRecord, part: Part, lines: list[str]) -> RunLogEvent:
+    return RunLogEvent(
+        node=node,
+        node_rank=run.node_rank,
+        attempt=part.record.attempt,
+        offset=part.record.log_offset,
+        lines=lines,
+    )

@@ -15,13 +15,7 @@ from collections.abc import Callable, Sized
 from pathlib import Path
 
 from gpud.heal import collective
-from gpud.model.run import (
-    AttemptRecord,
-    NodeRef,
-    RunRecord,
-    RunState,
-    gpus_text,
-)
+from gpud.model.run import AttemptRecord, NodeRef, RunRecord, RunState, gpus_text
 from gpud.model.snapshot import NodeSnapshot
 from gpud.node.statedir import StateDir
 from gpud.node.store import Store
@@ -38,12 +32,7 @@ from gpud.wire.envelope import ErrorCode, ProtocolError
 from gpud.wire.ingest import Ingest
 from gpud.wire.run_messages import PartPlan, PartPreflight
 from launch.autotune import recommend_for_node
-from launch.backends import (
-    Placement,
-    build_command,
-    resolve_hints,
-    resolve_nproc,
-)
+from launch.backends import Placement, build_command, resolve_hints, resolve_nproc
 from launch.sections import SpecError
 from launch.spec import RunSpec, parse_spec, require_absolute_paths
 

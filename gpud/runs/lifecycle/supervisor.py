@@ -43,7 +43,7 @@ from gpud.runs.lifecycle.starting import PartStarter
 from gpud.runs.multinode import gang
 from gpud.runs.placement.gpus import Gpu
 from gpud.runs.placement.leases import GpuLeases
-from gpud.runs.placement.ports import NoFreePort, pick_port
+from gpud.runs.placement.ports import NoFreePort, master_host, pick_port
 from gpud.runs.state.book import Publish, RunBook, check_coordinator, check_member
 from gpud.runs.state.checkpoints import ResumePoint, explicit_checkpoint, unset_dir_warning
 from gpud.runs.state.part import Outcome, Part, reap_shims
@@ -249,7 +249,7 @@ class Supervisor:
                     f"elastic.min_nodes {spec.elastic.min_nodes} is more than the {named}"
                     " node(s) the run is launched on",
                 )
-        master_addr = gang.master_host(spec, nodes)
+        master_addr = master_host(spec, nodes)
         run_id = new_run_id(spec.name)
         run = self.starter.new_run(run_id, spec, nodes, node_rank=0)
         warning = unset_dir_warning(spec, run.checkpoint_dir)
@@ -363,7 +363,7 @@ class Supervisor:
             if (current := self.book.get(run.id)) is not None and current.awaiting_start:
                 run = self.book.update(run.id, awaiting_start=False)  # queued: the tick's now
         part = self.book.part(run.id)
-        master = gang.master_host(self.book.spec(run), run.nodes)
+        master = master_host(self.book.spec(run), run.nodes)
         return LaunchReply(
             run=self.book.summary(run),
             master_addr=part.record.master_addr if part else master,

@@ -30,12 +30,19 @@ from gpud.model.run import (
     ECHO_KINDS,
     CauseKind,
     FailureCause,
+    NodeRef,
     RunRecord,
     RunState,
     cause_precedence,
 )
 from gpud.runs.diagnosis import hints
 from gpud.wire.run_messages import PartView
+
+#: A part that failed on a connection error (most often a peer's death seen from the
+#: other side) waits this long before the other parts are stopped, so that the part
+#: whose rank died first can say why: stopped first, its torchrun is cut short before its
+#: summary, and the run's cause would be the echo.
+ECHO_GRACE_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -305,3 +312,37 @@ def decide(
     if new is RunState.STOPPED:
         return GangDecision(new, run.reason if run.state is RunState.STOPPING else "stopped", lost)
     return GangDecision(new, run.reason, lost)
+
+
+@dataclass
+class GangView:
+    """The other nodes' parts of the current attempt, as node 0 last saw them."""
+
+    nodes: list[NodeRef]
+    since: float
+    #: The run's nodes in this attempt (None: all); an elastic attempt may use fewer.
+    members: list[int] | None = None
+    parts: dict[int, PartView] = field(default_factory=dict)
+    last_poll: float = 0.0
+    cause: FailureCause | None = None  # the failure propagated to every part
+    #: When a failure that reads as an echo (a connection error) was first seen: the
+    #: others are stopped ECHO_GRACE_S later, unless the part that failed first says why.
+    echo_since: float | None = None
+
+    def __post_init__(self) -> None:
+        ranks = self.members if self.members is not None else range(len(self.nodes))
+        self.parts = {
+            rank: PartView(node_rank=rank, node=self.nodes[rank]) for rank in ranks if rank > 0
+        }
+
+
+def echo_wait(view: GangView, decision: GangDecision, now: float) -> bool:
+    """Whether to hold the stop of the other parts a little: the failure so far is a
+    connection error (the echo of a peer's death, as often as not) on nodes that all
+    still answer, first seen less than ECHO_GRACE_S ago."""
+    cause = decision.cause
+    if cause is None or cause.kind not in ECHO_KINDS or decision.lost:
+        return False
+    if view.echo_since is None:
+        view.echo_since = now
+    return now - view.echo_since < ECHO_GRACE_S

@@ -7,7 +7,8 @@ attempts — for `resume` and for automatic restarts, by the same path. A restar
 lost node waits until every node answers again, and first stops what is left of the old
 attempt anywhere. Parts of ended runs whose node was lost are stopped when it comes back.
 
-Every attempt takes its GPUs on all nodes at once or not at all (`_reserve`): this node
+Every attempt takes its GPUs on all nodes at once or not at all (`Reservations.reserve`,
+gpud/runs/multinode/reserving.py): this node
 first, then every other node's reservation; if one cannot, the others are given back.
 A run that may wait (`queue`, or an automatic restart) is then `queued`, holds nothing,
 and is tried again every `QUEUE_RETRY_S` — so two queued multi-node runs never hold part of
@@ -16,7 +17,8 @@ what the other needs. Each node serves its queue first come first served, by the
 never held up by a later one anywhere, so the queue cannot deadlock.
 
 The gang reads and writes runs only through the `RunBook`, and starts and stops this
-node's part through the narrow `LocalParts` interface the supervisor provides.
+node's part through the narrow `LocalParts` interface the supervisor provides
+(gpud/runs/multinode/local.py).
 """
 
 from __future__ import annotations
@@ -24,74 +26,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlsplit
+from collections.abc import Coroutine
+from typing import Any
 
-from gpud.heal import preflight
-from gpud.heal.collective import CHECK_TIMEOUT_S
-from gpud.model.run import (
-    ECHO_KINDS,
-    AttemptRecord,
-    FailureCause,
-    MetricPoint,
-    NodeRef,
-    RunRecord,
-    RunState,
-)
+from gpud.model.run import AttemptRecord, FailureCause, NodeRef, RunRecord, RunState
 from gpud.runs.multinode import elastic
 from gpud.runs.multinode.coordinator_watch import CoordinatorWatch, stop_for, went_on_without
-from gpud.runs.multinode.decide import GangDecision, RestartPolicy, decide
+from gpud.runs.multinode.decide import GangDecision, GangView, RestartPolicy, decide, echo_wait
+from gpud.runs.multinode.local import HealthSink, LocalParts
 from gpud.runs.multinode.peer_stops import RETRY_S, PeerStops
-from gpud.runs.multinode.peers import PeerLink
-from gpud.runs.placement.gpus import Gpu
-from gpud.runs.placement.ports import NoFreePort, pick_port
+from gpud.runs.multinode.peers import PeerLink, PeerLinks, each
+from gpud.runs.multinode.reserving import Reservations
+from gpud.runs.placement.ports import NoFreePort, master_host, pick_port
 from gpud.runs.state.book import RunBook
-from gpud.runs.state.checkpoints import ResumePoint, find_checkpoint
+from gpud.runs.state.checkpoints import resume_point
 from gpud.security.keys import KeyPair
-from gpud.wire.client import ClientError, RequestFailed, Unreachable
+from gpud.wire.client import ClientError, Unreachable
 from gpud.wire.envelope import ErrorCode, ProtocolError
-from gpud.wire.protocol import (
-    GANG_STATUS,
-    PART_HEALTH,
-    PART_PREFLIGHT,
-    PART_RELEASE,
-    PART_RESERVE,
-    PART_START,
-    PART_STATUS,
-    PART_STOP,
-    Method,
-    RunLogEvent,
-    RunMetricsEvent,
-)
+from gpud.wire.protocol import GANG_STATUS, PART_HEALTH, PART_START, PART_STATUS, PART_STOP
 from gpud.wire.run_messages import (
     GangStatus,
     PartHealth,
-    PartPreflight,
-    PartPreflightRequest,
-    PartReleaseRequest,
-    PartReserveRequest,
     PartStartRequest,
     PartStatusRequest,
     PartStopRequest,
     PartView,
 )
-from launch.spec import RunSpec
-
-if TYPE_CHECKING:
-    from gpud.runs.state.part import Part
 
 log = logging.getLogger("gpud.runs")
 
 POLL_S = 0.5
-#: A part that failed on a connection error (most often a peer's death seen from the
-#: other side) waits this long before the other parts are stopped, so that the part
-#: whose rank died first can say why: stopped first, its torchrun is cut short before its
-#: summary, and the run's cause would be the echo.
-ECHO_GRACE_S = 1.5
 #: An automatic restart that could not start (its part's files found no room, a node
 #: refused) is tried again this often, while the run stays pending saying why.
 START_RETRY_S = 10.0
@@ -110,100 +74,6 @@ AWAIT_START_S = 300.0
 HANG_DUMP_WAIT_S = 1.0
 
 
-class LocalParts(Protocol):
-    """What the gang needs from the supervisor: this node's part, started and stopped."""
-
-    def start_part(
-        self,
-        run: RunRecord,
-        spec: RunSpec,
-        attempt: int,
-        master_addr: str,
-        master_port: int,
-        resume: ResumePoint,
-    ) -> Part: ...
-
-    def reserve_gpus(
-        self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str]
-    ) -> list[Gpu]:
-        """Lease this node's GPUs for the attempt, or raise a ProtocolError that says why
-        not (`unavailable`: busy, or runs ahead of `key` in the queue)."""
-        ...
-
-    def release_gpus(self, run: RunRecord, attempt: int) -> None:
-        """Give back the attempt's reservation here (not GPUs a live part runs on)."""
-        ...
-
-    def stop_part(
-        self,
-        run: RunRecord,
-        *,
-        force: bool,
-        reason: str,
-        grace_s: float | None = None,
-        failed: str | None = None,
-        dump: bool = False,
-    ) -> None: ...
-
-    def obey_stop(self, run: RunRecord, req: PartStopRequest) -> None:
-        """Stop this node's part as node 0 asked."""
-        ...
-
-    async def run_preflight(
-        self, run: RunRecord, spec: RunSpec, attempt: int, master: str, world: int, rank: int
-    ) -> PartPreflight:
-        """This node's part of the attempt's collective check; never raises."""
-        ...
-
-    def holds_real_gpus(self, run: RunRecord, attempt: int) -> bool:
-        """Whether the attempt reserved real GPUs here (not simulated ones)."""
-        ...
-
-    def state_full(self) -> str | None:
-        """Why the state dir cannot take more, or None: it has room."""
-        ...
-
-
-HealthSink = Callable[[str, dict[int, PartHealth]], None]
-
-
-@dataclass
-class GangView:
-    """The other nodes' parts of the current attempt, as node 0 last saw them."""
-
-    nodes: list[NodeRef]
-    since: float
-    #: The run's nodes in this attempt (None: all); an elastic attempt may use fewer.
-    members: list[int] | None = None
-    parts: dict[int, PartView] = field(default_factory=dict)
-    last_poll: float = 0.0
-    cause: FailureCause | None = None  # the failure propagated to every part
-    #: When a failure that reads as an echo (a connection error) was first seen: the
-    #: others are stopped ECHO_GRACE_S later, unless the part that failed first says why.
-    echo_since: float | None = None
-
-    def __post_init__(self) -> None:
-        ranks = self.members if self.members is not None else range(len(self.nodes))
-        self.parts = {
-            rank: PartView(node_rank=rank, node=self.nodes[rank]) for rank in ranks if rank > 0
-        }
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """What `Gang._reserve` got for an attempt: its nodes (and those in words), or why not."""
-
-    members: list[int]
-    words: str
-    refusal: str | None = None
-    #: Refused because fewer than `elastic.min_nodes` nodes could take part (not because
-    #: this node's GPUs are busy): an automatic restart waits for them only if the spec
-    #: says `queue: true`.
-    too_few: bool = False
-    #: Nodes an elastic attempt goes on without, and why (silent, or refused).
-    left_out: dict[int, str] = field(default_factory=dict)
-
-
 class Gang:
     def __init__(
         self, book: RunBook, local: LocalParts, keys: KeyPair | None, health: HealthSink
@@ -213,12 +83,13 @@ class Gang:
         self.keys = keys
         self.health = health
         self.views: dict[str, GangView] = {}
-        self._links: dict[str, PeerLink] = {}
+        self.links = PeerLinks(keys)  # one link to each other node, for node 0's calls
         self._busy: dict[str, asyncio.Task[None]] = {}  # run id → its poll or restart
         self._orphans: dict[str, tuple[float, set[int]]] = {}  # run → (ended at, lost ranks)
         self._orphan_poll = 0.0
         self._errands: set[asyncio.Task[Any]] = set()
         self._queue_tried: dict[str, float] = {}  # queued run → when last tried
+        self.reservations = Reservations(book, local, keys, self.links)
         self._stops = PeerStops()  # what node 0 asked of the other nodes, until it is done
         self._watch = CoordinatorWatch()  # this node asking node 0 about the runs it is in
         # Why each node the current attempt goes on without was left out (elastic runs),
@@ -226,30 +97,9 @@ class Gang:
         self._left_out: dict[str, dict[int, str]] = {}
 
     def close(self) -> None:
-        for link in self._links.values():
-            link.close()
+        self.links.close()
 
     # ------------------------------------------------------------------ calls
-
-    def _link(self, ref: NodeRef) -> PeerLink:
-        link = self._links.get(ref.control)
-        if link is None:
-            link = self._links[ref.control] = PeerLink(ref, self.keys)
-        return link
-
-    async def _call(
-        self, run: RunRecord, ranks: list[int], method: Method[Any, Any], body: Callable[[int], Any]
-    ) -> dict[int, Any]:
-        """Call those nodes concurrently; each result is a reply or a ClientError."""
-
-        async def one(rank: int) -> tuple[int, Any]:
-            try:
-                link = self._link(run.nodes[rank])
-                return rank, await asyncio.to_thread(link.call, method, body(rank))
-            except ClientError as exc:
-                return rank, exc
-
-        return dict(await asyncio.gather(*(one(rank) for rank in ranks)))
 
     def _others(self, run: RunRecord) -> list[int]:
         """The other nodes of the current attempt (every node but node 0, unless an
@@ -325,8 +175,8 @@ class Gang:
             if view.parts[r].state is not RunState.LOST and run.nodes[r].control
         ]
         request = PartStatusRequest(run_id=run.id)
-        replies = await self._call(run, ranks, PART_STATUS, _each(request))
-        healths = await self._call(run, ranks, PART_HEALTH, _each(request))
+        replies = await self.links.call(run, ranks, PART_STATUS, each(request))
+        healths = await self.links.call(run, ranks, PART_HEALTH, each(request))
         self.health(run.id, {r: h for r, h in healths.items() if isinstance(h, PartHealth)})
         now = self.book.clock()
         for rank, reply in replies.items():
@@ -470,7 +320,7 @@ class Gang:
         for rank in decision.lost:
             self._mark_lost(run, view, rank, f"no answer for {spec.lost_after_s:g}s")
         if decision.propagate is not None and view.cause is None:
-            if _echo_wait(view, decision, now):
+            if echo_wait(view, decision, now):
                 return  # the part that failed first may yet say why: ask again next tick
             view.cause = decision.cause
             self._propagate(run, decision.propagate)
@@ -558,7 +408,7 @@ class Gang:
         now = self.book.clock()
         for rank in others:
             self._stops.sending(run.id, rank, now)
-        replies = await self._call(run, others, PART_STOP, _each(request))
+        replies = await self.links.call(run, others, PART_STOP, each(request))
         silent = []
         for rank, reply in replies.items():
             self._stops.answered(run.id, rank, not isinstance(reply, Unreachable))
@@ -587,7 +437,7 @@ class Gang:
     async def _stop_again(
         self, run: RunRecord, ranks: list[int], request: PartStopRequest
     ) -> list[int]:
-        replies = await self._call(run, ranks, PART_STOP, _each(request))
+        replies = await self.links.call(run, ranks, PART_STOP, each(request))
         for rank, reply in replies.items():
             if self._stops.answered(run.id, rank, not isinstance(reply, Unreachable)):
                 state = reply.state.value if isinstance(reply, AttemptRecord) else "?"
@@ -614,7 +464,7 @@ class Gang:
                 self._orphans.pop(run_id, None)
                 continue
             status = PartStatusRequest(run_id=run.id)
-            replies = await self._call(run, sorted(ranks), PART_STATUS, _each(status))
+            replies = await self.links.call(run, sorted(ranks), PART_STATUS, each(status))
             for rank, reply in replies.items():
                 if isinstance(reply, Unreachable):
                     continue
@@ -623,7 +473,7 @@ class Gang:
                     self.book.event(run, "orphan", f"node {rank} is back; stopping its part")
                     why = _orphan_reason(run, reply.attempt, rank)
                     stop = PartStopRequest(run_id=run.id, force=True, reason=why, failed=True)
-                    await self._call(run, [rank], PART_STOP, _each(stop))
+                    await self.links.call(run, [rank], PART_STOP, each(stop))
 
     # ------------------------------------------------------------------ new attempts
 
@@ -688,7 +538,7 @@ class Gang:
         request = PartStatusRequest(run_id=run.id)
         skip = lost if self.book.spec(run).elastic is not None else set()
         asked = [r for r in self._others(run) if r not in skip]
-        replies = await self._call(run, asked, PART_STATUS, _each(request))
+        replies = await self.links.call(run, asked, PART_STATUS, each(request))
         silent = set(skip) | {r for r, reply in replies.items() if isinstance(reply, Unreachable)}
         running = [
             r
@@ -697,7 +547,7 @@ class Gang:
         ]
         if running:
             stop = PartStopRequest(run_id=run.id, force=True, reason="restart", failed=True)
-            await self._call(run, running, PART_STOP, _each(stop))
+            await self.links.call(run, running, PART_STOP, each(stop))
             return silent, "stopping what is left of the last attempt on node(s) " + ", ".join(
                 map(str, running)
             )
@@ -726,17 +576,19 @@ class Gang:
             run = self.book.update(run.id, resume_next=resume_from)
         # In a thread: resume.pattern is the user's glob, and a wide one over a big shared
         # filesystem takes its whole budget (checkpoints.SEARCH_BUDGET_S) to search.
-        point = await asyncio.to_thread(_resume_point, run, spec, fresh)
+        point = await asyncio.to_thread(resume_point, run, spec, fresh)
         queued = run.state is RunState.QUEUED
         key = run.queue_key if queued else (self.book.clock(), run.id)
         # An elastic restart whose spec does not queue fails below min_nodes rather than
         # wait: it takes no place in the other nodes' queues.
         short_fails = automatic and spec.elastic is not None and not spec.queue
-        got = await self._reserve(run, spec, attempt, key, queue and not short_fails, left_out)
+        got = await self.reservations.reserve(
+            run, spec, attempt, key, queue and not short_fails, left_out
+        )
         refusal, members, words = got.refusal, got.members, got.words
         current = self.book.get(run.id) or run
         if current.state is not run.state or current.stop_requested != run.stop_requested:
-            await self._release(run, attempt)  # stopped (cancelled) while we asked
+            await self.reservations.release(run, attempt)  # stopped (cancelled) while we asked
             return current
         if refusal is not None:
             if got.too_few and short_fails:
@@ -767,14 +619,14 @@ class Gang:
         # memory test before the attempt takes it.
         why_out = dict(got.left_out)
         if spec.preflight and (len(members) > 1 or self.local.holds_real_gpus(run, attempt)):
-            members, words, failing = await self._preflight(
+            members, words, failing = await self.reservations.preflight(
                 run, spec, attempt, members, words, master_addr
             )
             why_out.update(failing)
         try:
             port = pick_port(self.book.store.leased_ports())
         except NoFreePort as exc:
-            await self._release(run, attempt)
+            await self.reservations.release(run, attempt)
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
         self.book.store.lease_port(port, run.id, attempt, self.book.clock())
         earlier = self.book.current_part(run)  # the attempt before: did its ranks say hello?
@@ -816,7 +668,7 @@ class Gang:
         try:
             self.local.start_part(run, spec, attempt, master_addr, port, point)
         except ProtocolError as exc:  # e.g. no room on the state dir's disk for its files
-            await self._release(run, attempt)
+            await self.reservations.release(run, attempt)
             self.book.store.release_ports(run.id)
             self._undo_attempt(run, previous, attempt, exc.message)
             raise
@@ -832,7 +684,7 @@ class Gang:
             members=run.members,
             grad_accum=grad_accum,
         )
-        replies = await self._call(run, self._others(run), PART_START, _each(request))
+        replies = await self.links.call(run, self._others(run), PART_START, each(request))
         failed = {rank: reply for rank, reply in replies.items() if isinstance(reply, Exception)}
         if failed:
             rank, error = next(iter(failed.items()))
@@ -872,187 +724,12 @@ class Gang:
             queued_restart=False,
         )
 
-    async def _reserve(
-        self,
-        run: RunRecord,
-        spec: RunSpec,
-        attempt: int,
-        key: tuple[float, str],
-        queue: bool,
-        left_out: set[int] | frozenset[int] = frozenset(),
-    ) -> Reservation:
-        """Lease the attempt's GPUs: the attempt's nodes (and in words), or why not.
-
-        A run that is not elastic takes every node or none; a request no node could ever
-        serve (a GPU it does not have) raises at once. An elastic one takes the nodes that
-        can give their GPUs, if there are enough (`elastic.choose_members`), and gives back
-        what it does not use."""
-        try:
-            self.local.reserve_gpus(run, spec, attempt, key)
-        except ProtocolError as exc:
-            if exc.code is not ErrorCode.UNAVAILABLE:
-                raise
-            return Reservation([], "", refusal=exc.message)
-        if len(run.nodes) < 2:
-            return Reservation([0], "1 node")
-        everyone = elastic.primary(run, spec) if spec.elastic is None else range(len(run.nodes))
-        asked = [r for r in everyone if r != 0 and r not in left_out]
-        request = PartReserveRequest(run_id=run.id, attempt=attempt, queued_at=key[0], queue=queue)
-        replies = await self._call(run, asked, PART_RESERVE, _each(request))
-        refused = {r: reply for r, reply in replies.items() if isinstance(reply, ClientError)}
-        granted = [r for r in asked if r not in refused]
-        members, words = elastic.choose_members(run, spec, {0, *granted})
-        if spec.elastic is None and refused:
-            for rank, reply in refused.items():
-                if isinstance(reply, RequestFailed) and reply.code == ErrorCode.INVALID_BODY.value:
-                    await self._give_back(run, attempt, granted, local=True)
-                    raise ProtocolError(ErrorCode.INVALID_BODY, f"node {rank}: {reply.message}")
-        if members is None:
-            await self._give_back(run, attempt, granted, local=True)
-            why = "; ".join(
-                f"node {rank}: {reply.message if isinstance(reply, RequestFailed) else reply}"
-                for rank, reply in sorted(refused.items())
-            )
-            if spec.elastic is not None:
-                gone = sorted(set(left_out))
-                why = "; ".join(
-                    [words]
-                    + ([f"node(s) {', '.join(map(str, gone))} do not answer"] if gone else [])
-                    + ([why] if why else [])
-                )
-            return Reservation([], "", refusal=why, too_few=spec.elastic is not None)
-        await self._give_back(run, attempt, [r for r in granted if r not in members])
-        out = {rank: "it did not answer (lost)" for rank in left_out}
-        for rank, reply in sorted(refused.items()):  # an elastic attempt goes on without it
-            why = reply.message if isinstance(reply, RequestFailed) else str(reply)
-            out[rank] = why
-            self.book.event(
-                run, "attempt", f"node {rank} left out of attempt {attempt}: {why}", "warning"
-            )
-        return Reservation(members, words, left_out=out)
-
-    async def _preflight(
-        self,
-        run: RunRecord,
-        spec: RunSpec,
-        attempt: int,
-        members: list[int],
-        words: str,
-        master_addr: str,
-    ) -> tuple[list[int], str, dict[int, str]]:
-        """The attempt's collective check on its nodes (`trainers.preflight`): a node far
-        below its peers, or with a GPU that failed its check, is left out of an elastic
-        attempt if enough are left; otherwise it is named and the attempt starts as it is."""
-        try:
-            master = f"{master_addr}:{pick_port(self.book.store.leased_ports())}"
-        except NoFreePort:
-            return members, words, {}
-
-        def ask(rank: int) -> PartPreflightRequest:
-            return PartPreflightRequest(
-                run_id=run.id, attempt=attempt, master=master, world=len(members),
-                rank=members.index(rank),
-            )  # fmt: skip
-
-        # Each node's call waits for its check (seconds): on links and threads of its own,
-        # one per node at once (they meet in one rendezvous), so neither the peer links
-        # that polls use nor the loop's default executor wait behind them.
-        pool = ThreadPoolExecutor(
-            max_workers=max(1, len(members) - 1), thread_name_prefix="preflight"
-        )
-
-        async def remote(rank: int) -> PartPreflight | None:
-            link = PeerLink(run.nodes[rank], self.keys)
-            call = partial(link.call, PART_PREFLIGHT, ask(rank), CHECK_TIMEOUT_S + 5.0)
-            try:
-                reply = await asyncio.get_running_loop().run_in_executor(pool, call)
-                return reply if isinstance(reply, PartPreflight) else None
-            except ClientError as exc:
-                log.info("run %s: node %d's preflight: %s", run.id, rank, exc)
-                return None
-            finally:
-                link.close()
-
-        try:
-            own, *others = await asyncio.gather(
-                self.local.run_preflight(run, spec, attempt, master, len(members), 0),
-                *(remote(rank) for rank in members[1:]),
-            )
-        finally:
-            pool.shutdown(wait=False)
-        results: dict[int, PartPreflight] = {0: own} if own is not None else {}
-        for rank, found in zip(members[1:], others, strict=True):
-            if found is not None:
-                results[rank] = found
-        failing, line = preflight.judge_collective(members, results)
-        self.book.event(run, "preflight", line, "warning" if failing else "info")
-        pairs = preflight.node_pairs(members, results)
-        for node, why in preflight.below_baseline(pairs, run.bandwidth).items():
-            if node not in failing:  # named; it stays in (a busy host can halve a figure)
-                self.book.event(run, "preflight", f"node {node}: {why}", "warning")
-        if pairs:
-            run = self.book.update(run.id, bandwidth=preflight.with_figures(run.bandwidth, pairs))
-        if not failing:
-            return members, words, {}
-        chosen, chosen_words = None, words
-        if spec.elastic is not None and 0 not in failing:
-            kept = {m for m in members if m not in failing}
-            chosen, chosen_words = elastic.choose_members(run, spec, kept)
-        bad_gpus = {n: failing[n] for n, r in results.items() if r.gpu_failures}
-        if chosen is None and bad_gpus:  # never started on a GPU that failed its check
-            await self._release(run, attempt)
-            what = "; ".join(f"node {n}: {why}" for n, why in sorted(bad_gpus.items()))
-            raise ProtocolError(
-                ErrorCode.UNAVAILABLE,
-                f"attempt {attempt} did not start: {what} (quarantined: the next attempt"
-                " leases other GPUs)",
-            )
-        for node, why in sorted(failing.items()):
-            if chosen is not None:
-                kind, text = "attempt", f"node {node} left out of attempt {attempt}: it failed"
-                text += f" its preflight: {why}"
-            else:
-                kind, text = "preflight", f"node {node} failed its preflight ({why}); attempt"
-                text += f" {attempt} starts with it: too few nodes would be left"
-            self.book.event(run, kind, text, "warning")
-        if chosen is None:
-            return members, words, {}
-        await self._give_back(run, attempt, [m for m in members if m not in chosen])
-        return (
-            chosen,
-            chosen_words,
-            {n: f"it failed its preflight: {why}" for n, why in failing.items()},
-        )
-
-    async def _give_back(
-        self, run: RunRecord, attempt: int, ranks: list[int], local: bool = False
-    ) -> None:
-        """Release the attempt's reservation on those nodes (and this one, with `local`)."""
-        if local:
-            self.local.release_gpus(run, attempt)
-        if ranks:
-            release = PartReleaseRequest(run_id=run.id, attempt=attempt)
-            await self._call(run, ranks, PART_RELEASE, _each(release))
-
-    async def _release(self, run: RunRecord, attempt: int, cancel: str | None = None) -> None:
-        """Give back the attempt's reservations on every node (and cancel the queued run
-        on the other nodes, with `cancel`)."""
-        self.local.release_gpus(run, attempt)
-        request = PartReleaseRequest(run_id=run.id, attempt=attempt, cancel=cancel)
-        everyone = list(range(1, len(run.nodes)))  # an elastic reservation may be anywhere
-        replies = await self._call(run, everyone, PART_RELEASE, _each(request))
-        for rank, reply in replies.items():
-            if isinstance(reply, ClientError) and cancel:
-                self.book.event(
-                    run, "stop", f"could not tell node {rank} the run is cancelled: {reply}"
-                )
-
     async def cancel(self, run: RunRecord, reason: str) -> RunRecord:
         """Stop a queued run: it leaves every node's queue, and holds nothing anywhere."""
         attempt, _ = self._next_attempt(run)
         run = self.book.cancel_queued(run.id, reason)
         self._queue_tried.pop(run.id, None)
-        await self._release(run, attempt, cancel=reason)
+        await self.reservations.release(run, attempt, cancel=reason)
         return self.book.get(run.id) or run
 
     def _next_attempt(self, run: RunRecord) -> tuple[int, bool]:
@@ -1062,75 +739,14 @@ class Gang:
         return (run.attempt if fresh else run.attempt + 1), fresh
 
 
-def master_host(spec: RunSpec, nodes: list[NodeRef]) -> str:
-    """The rendezvous host: the spec's, else node 0's host as gpuctl reaches it."""
-    if spec.master_addr:
-        return spec.master_addr
-    endpoint = nodes[0].control
-    if not endpoint.startswith("tcp://"):
-        return "127.0.0.1"
-    host = urlsplit(endpoint).hostname or "127.0.0.1"
-    return "127.0.0.1" if host in ("localhost", "0.0.0.0", "*") else host
-
-
-def _each(body: Any) -> Callable[[int], Any]:
-    """The same request body for every node."""
-    return lambda rank: body
-
-
 def _report(run_id: str, task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("run %s: gang work failed", run_id, exc_info=task.exception())
 
 
-def _resume_point(run: RunRecord, spec: RunSpec, fresh: bool) -> ResumePoint:
-    if fresh:
-        return ResumePoint(None)
-    if run.resume_next is not None:
-        return ResumePoint(run.resume_next, note="chosen with --from")
-    point = find_checkpoint(run, spec)
-    if point.path is None and spec.resume.require_checkpoint:
-        raise ProtocolError(
-            ErrorCode.CONFLICT,
-            f"run {run.id} has no checkpoint to resume from ({point.note}) and its spec sets"
-            f" resume.require_checkpoint; name one: gpuctl resume {run.id} --from PATH",
-        )
-    return point
-
-
 def _latest_step(book: RunBook, run_id: str) -> int | None:
     latest = book.store.latest_metrics(run_id)
     return latest[0] if latest else None
-
-
-def metrics_event(run_id: str, points: list[MetricPoint]) -> RunMetricsEvent:
-    return RunMetricsEvent(
-        run_id=run_id,
-        attempt=points[-1].attempt,
-        points=[{"step": p.step, "time": p.time, "values": p.values} for p in points],
-    )
-
-
-def log_event(node: str, run: RunRecord, part: Part, lines: list[str]) -> RunLogEvent:
-    return RunLogEvent(
-        node=node,
-        node_rank=run.node_rank,
-        attempt=part.record.attempt,
-        offset=part.record.log_offset,
-        lines=lines,
-    )
-
-
-def _echo_wait(view: GangView, decision: GangDecision, now: float) -> bool:
-    """Whether to hold the stop of the other parts a little: the failure so far is a
-    connection error (the echo of a peer's death, as often as not) on nodes that all
-    still answer, first seen less than ECHO_GRACE_S ago."""
-    cause = decision.cause
-    if cause is None or cause.kind not in ECHO_KINDS or decision.lost:
-        return False
-    if view.echo_since is None:
-        view.echo_since = now
-    return now - view.echo_since < ECHO_GRACE_S
 
 
 def _orphan_reason(run: RunRecord, attempt: int, rank: int) -> str:

@@ -1,4 +1,4 @@
-"""Node 0's link to the other daemons of a run.
+"""Node 0's links to the other daemons of a run.
 
 Node 0 calls the other nodes with its own server key pair as a client key; each of those
 nodes accepts that key as a `peer`, for exactly the runs it joined with node 0 as their
@@ -8,10 +8,13 @@ supervisor runs them in a thread.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
-from gpud.model.run import NodeRef
+from gpud.model.run import NodeRef, RunRecord
 from gpud.security.keys import KeyPair
 from gpud.wire.client import Client, ClientError, NodeTarget, Unreachable
 from gpud.wire.protocol import Method, ReplyT, RequestT
@@ -68,3 +71,40 @@ class PeerLink:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+
+class PeerLinks:
+    """Node 0's links to the other nodes, one per daemon, kept; `call` asks many at once."""
+
+    def __init__(self, keys: KeyPair | None) -> None:
+        self.keys = keys
+        self._links: dict[str, PeerLink] = {}
+
+    def link(self, ref: NodeRef) -> PeerLink:
+        link = self._links.get(ref.control)
+        if link is None:
+            link = self._links[ref.control] = PeerLink(ref, self.keys)
+        return link
+
+    async def call(
+        self, run: RunRecord, ranks: list[int], method: Method[Any, Any], body: Callable[[int], Any]
+    ) -> dict[int, Any]:
+        """Call those nodes concurrently; each result is a reply or a ClientError."""
+
+        async def one(rank: int) -> tuple[int, Any]:
+            try:
+                link = self.link(run.nodes[rank])
+                return rank, await asyncio.to_thread(link.call, method, body(rank))
+            except ClientError as exc:
+                return rank, exc
+
+        return dict(await asyncio.gather(*(one(rank) for rank in ranks)))
+
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+
+
+def each(body: Any) -> Callable[[int], Any]:
+    """The same request body for every node."""
+    return lambda rank: body

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gpud.checkpoints.whole import broken
 from gpud.model.run import RunRecord
+from gpud.wire.envelope import ErrorCode, ProtocolError
 from launch.spec import RunSpec
 
 
@@ -149,3 +150,18 @@ def explicit_checkpoint(path: str) -> ResumePoint:
     if why is not None:
         raise ValueError(f"--from {path}: not a whole checkpoint ({why}); name another")
     return ResumePoint(path, note="chosen with --from")
+
+
+def resume_point(run: RunRecord, spec: RunSpec, fresh: bool) -> ResumePoint:
+    if fresh:
+        return ResumePoint(None)
+    if run.resume_next is not None:
+        return ResumePoint(run.resume_next, note="chosen with --from")
+    point = find_checkpoint(run, spec)
+    if point.path is None and spec.resume.require_checkpoint:
+        raise ProtocolError(
+            ErrorCode.CONFLICT,
+            f"run {run.id} has no checkpoint to resume from ({point.note}) and its spec sets"
+            f" resume.require_checkpoint; name one: gpuctl resume {run.id} --from PATH",
+        )
+    return point
