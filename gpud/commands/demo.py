@@ -28,7 +28,7 @@ from gpud.wire.client import Client, ClientError, resolve_target
 
 DEMO_SIMULATED_GPUS = 8
 READY_TIMEOUT_S = 30.0
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "config" / "examples" / "cpu-ddp.yaml"
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "config" / "examples" / "cpu-ddp.yaml"
 DEMO_CONTROL = "tcp://127.0.0.1:7711"
 DEMO_EVENTS = "tcp://127.0.0.1:7712"
 

@@ -3,9 +3,10 @@
 A launch request's spec checked (`validated`), the run record made (`new_run`), the GPUs
 taken here (`reserve_gpus`, `take`, first come first served: `check_queue`), the part's
 place in the gang (`placement`: ranks, MASTER_PORT, hints, paths) and its command line
-(`plan`), and the part spawned under its shim (`start_part`), refused while the state dir
-has no room (`check_room`). The `Supervisor` owns one and asks it; the gang reaches it
-through the supervisor's `LocalParts` methods.
+(`plan`), the part spawned under its shim (`start_part`), refused while the state dir has
+no room (`check_room`), and the collective preflight's part on the GPUs reserved here
+(`run_preflight`, which tells `bad_gpus` of a GPU that failed it). The `Supervisor` owns
+one and asks it; the gang reaches it through the supervisor's `LocalParts` methods.
 """
 
 from __future__ import annotations
