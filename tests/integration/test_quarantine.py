@@ -95,7 +95,13 @@ def test_an_xid_79_quarantines_the_gpu_and_the_run_restarts_on_others(
     s = status(daemon, run_id)
     first, second = s.attempts[0], s.attempts[1]
     assert first.state is RunState.FAILED
-    cause = s.run.cause
+    # The first attempt's own cause: the run's is its latest failed attempt's, and on a
+    # host this busy attempt 2 may fail too, on its MASTER_PORT taken between gpud's lease
+    # and the bind by another test's daemon's run (the run then restarts once more).
+    assert first.exit is not None
+    cause = first.exit.cause
+    if s.run.cause != cause:
+        assert s.run.cause is not None and "MASTER_PORT" in s.run.cause.summary, s.run.cause
     assert cause is not None and cause.kind is CauseKind.HARDWARE
     uuid = first.gpu_uuids[1]
     assert cause.summary == f"GPU 1 ({uuid}) quarantined: XID 79 (GPU has fallen off the bus)"
