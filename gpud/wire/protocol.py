@@ -33,7 +33,6 @@ from pydantic import BaseModel, ValidationError
 from gpud.model.run import AttemptRecord, HealthSummary, RunEvent
 from gpud.model.snapshot import NodeEvent, NodeSnapshot, Reading, known_node_events
 from gpud.security.roles import Role
-from gpud.wire.brief import NodeBrief
 from gpud.wire.envelope import (
     MIN_PROTOCOL,
     PROTOCOL_VERSION,
@@ -335,6 +334,9 @@ def _event_body_model(topic: str) -> type[BaseModel] | None:
     if topic.startswith("hw."):
         return NodeSnapshot
     if topic.startswith("sum."):
+        # Only views of many nodes read briefs: gpuctl's start-up does not pay for them.
+        from gpud.wire.brief import NodeBrief
+
         return NodeBrief
     if topic.startswith("node.") and topic.endswith(".event"):
         return NodeEvent

@@ -408,7 +408,8 @@ def test_runtime_check_names_the_importer() -> None:
 
 #: What `gpuctl ps` never needs (issue 22 §4: a whole `gpuctl ps` under 200 ms, most of it
 #: Python's start-up and imports): run specs and YAML, auto-tuning, the daemon's run
-#: machinery (failure causes, hints, logs), Textual and torch.
+#: machinery (failure causes, hints, logs), the node briefs views of many nodes read,
+#: Textual and torch.
 NOT_FOR_PS = (
     "yaml",
     "torch",
@@ -419,6 +420,7 @@ NOT_FOR_PS = (
     "launch.slurm",
     "gpud.runs",
     "gpud.hardware",
+    "gpud.wire.brief",
     "concurrent.futures",
     "tempfile",
 )
