@@ -89,7 +89,7 @@ class Gang:
         self._orphan_poll = 0.0
         self._errands: set[asyncio.Task[Any]] = set()
         self._queue_tried: dict[str, float] = {}  # queued run → when last tried
-        self.reservations = Reservations(book, local, keys, self.links)
+        self.reservations = Reservations(book, local, self.links)
         self._stops = PeerStops()  # what node 0 asked of the other nodes, until it is done
         self._watch = CoordinatorWatch()  # this node asking node 0 about the runs it is in
         # Why each node the current attempt goes on without was left out (elastic runs),

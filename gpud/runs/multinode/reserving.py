@@ -24,7 +24,6 @@ from gpud.runs.multinode.local import LocalParts
 from gpud.runs.multinode.peers import PeerLink, PeerLinks, each
 from gpud.runs.placement.ports import NoFreePort, pick_port
 from gpud.runs.state.book import RunBook
-from gpud.security.keys import KeyPair
 from gpud.wire.client import ClientError, RequestFailed
 from gpud.wire.envelope import ErrorCode, ProtocolError
 from gpud.wire.protocol import PART_PREFLIGHT, PART_RELEASE, PART_RESERVE
@@ -56,12 +55,9 @@ class Reservation:
 
 
 class Reservations:
-    def __init__(
-        self, book: RunBook, local: LocalParts, keys: KeyPair | None, links: PeerLinks
-    ) -> None:
+    def __init__(self, book: RunBook, local: LocalParts, links: PeerLinks) -> None:
         self.book = book
         self.local = local
-        self.keys = keys
         self.links = links
 
     async def reserve(
@@ -154,7 +150,7 @@ class Reservations:
         )
 
         async def remote(rank: int) -> PartPreflight | None:
-            link = PeerLink(run.nodes[rank], self.keys)
+            link = PeerLink(run.nodes[rank], self.links.keys)  # its own: see above
             call = partial(link.call, PART_PREFLIGHT, ask(rank), CHECK_TIMEOUT_S + 5.0)
             try:
                 reply = await asyncio.get_running_loop().run_in_executor(pool, call)
