@@ -17,7 +17,7 @@ import pytest
 from tests.support.daemons import RunningDaemon, complete, gpuctl
 from tests.support.runs import CPU_DDP, FAST, force_stop, launch
 from tests.support.slurm import LocalSlurm
-from tests.support.slurm_runs import ps, run_dir, submit, wait_until, write_spec
+from tests.support.slurm_runs import job_output, ps, run_dir, submit, wait_until, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -67,13 +67,18 @@ def test_the_time_limit_checkpoints_requeues_and_the_run_finishes_without_a_hole
         time.sleep(0.1)
     (end,) = [json.loads(line) for line in ends.read_text().splitlines()]
     assert (end["stopping"], end["requeued"]) == ("time_limit", True)
-    row = ps(run_id)
-    assert row["state"] in {"queued", "starting", "running"} and row["attempt"] == 2, row
+    # The batch shell writes its record, then requeues the job.
+    row = wait_until(run_id, lambda r: r["attempt"] == 2, timeout=30)
+    assert row["state"] in {"queued", "starting", "running"}, row
     # Slurm holds a requeued job for 2 minutes and would signal it again 20 s in: give the
     # second run time to finish, now.
-    cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10", "StartTime=now")
+    cluster.release_requeued(job, TimeLimit="10")
     row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"}, timeout=300)
-    assert row["state"] == "succeeded" and row["last_step"] == steps - 1, row
+    assert row["state"] == "succeeded" and row["last_step"] == steps - 1, (
+        row["reason"],
+        row["last_step"],
+        job_output(tmp_path, run_id),
+    )
     history = [json.loads(line) for line in (run_dir(tmp_path, run_id) / "metrics.jsonl")
                .read_text().splitlines()]  # fmt: skip
     assert {m["step"] for m in history} == set(range(steps)), "a hole in the metrics"
@@ -104,7 +109,7 @@ def test_an_admins_requeue_is_the_next_attempt_and_it_resumes_from_the_newest_ch
     files = run_dir(tmp_path, run_id)
     assert not (files / "ends.jsonl").exists()
     newest = sorted((files / "checkpoints").glob("step_*.pt"))[-1]
-    cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # Slurm's 2-min hold
+    cluster.release_requeued(job)  # rather than after Slurm's 2-minute hold
     row = wait_until(run_id, lambda r: r["state"] in {"succeeded", "failed"}, timeout=300)
     assert (row["state"], row["attempt"], row["last_step"]) == ("succeeded", 2, steps - 1), row
     (end,) = [json.loads(line) for line in (files / "ends.jsonl").read_text().splitlines()]

@@ -253,6 +253,25 @@ class LocalSlurm:
         self.stop()
         raise RuntimeError(f"{what} did not come up in {START_TIMEOUT_S:.0f} s\n{text}")
 
+    def release_requeued(self, job: str, **update: str) -> None:
+        """Start a requeued job now rather than after Slurm's 2-minute hold (with `update`'s
+        other fields, e.g. TimeLimit). The hold is what keeps a new run of the job from
+        starting in the second its nodes revoked the old run's credential: slurmd refuses a
+        credential made no later than its job's revocation (whole seconds), and the job
+        fails. So wait until the old run has left its nodes (PENDING, not REQUEUED while
+        completing) and start it 2 s on."""
+        deadline = time.monotonic() + 60
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.run("squeue", "-h", "-j", job, "-O", "State:", check=False).strip()
+            if state == "PENDING":
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"Slurm job {job} never got back to PENDING: {state!r}")
+        fields = [f"{k}={v}" for k, v in update.items()]
+        self.run("scontrol", "update", f"JobId={job}", *fields, "StartTime=now+2")
+
     def stop(self) -> None:
         """Cancel every job, stop the daemons (by their pid files), and wait for them."""
         self.run("scancel", "--full", "--user", pwd.getpwuid(os.geteuid()).pw_name, check=False)

@@ -82,6 +82,15 @@ def run_dir(tmp_path: Path, run_id: str) -> Path:
     return tmp_path / "gpud-runs" / run_id
 
 
+def job_output(tmp_path: Path, run_id: str, tail: int = 3000) -> str:
+    """The end of the job's output (every run of it: the file is appended to), and how each
+    run ended by its batch script, for a failing test's message."""
+    found = sorted(run_dir(tmp_path, run_id).glob("slurm-*.out"))
+    text = found[-1].read_text(errors="replace")[-tail:] if found else "(no slurm-*.out)"
+    ends = run_dir(tmp_path, run_id) / "ends.jsonl"
+    return text + "\nends: " + (ends.read_text() if ends.exists() else "(none)")
+
+
 def with_slurm(**options: Any) -> pytest.MarkDecorator:
     """The test's `slurm` (and `cluster`) with these LocalSlurm options: accounting=True,
     min_job_age_s=2 (slurmctld forgets an ended job within seconds)."""
