@@ -177,6 +177,12 @@ def main() -> None:
     is_flag=True,
     help="No CurveZMQ; refused unless both addresses are loopback.",
 )
+@click.option(
+    "--master-ports",
+    envvar="GPUD_MASTER_PORTS",
+    help="FIRST-LAST: the ports runs get as MASTER_PORT where this node is their node 0;"
+    " open them between the nodes [29500-30499].",
+)
 @click.option("--log-level", envvar="GPUD_LOG_LEVEL", help="debug, info, warning, error [info].")
 @click.option(
     "--config",

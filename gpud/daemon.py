@@ -381,6 +381,7 @@ class Daemon:
             clock=self._clock,
             ledger=self._ledger,
             logs_max_bytes=self.settings.logs_max_bytes,
+            master_ports=self.settings.master_port_range(),
             attach=AttachConfig(control=_peer_endpoint(self.settings.control), ingest=shared)
             if shared is not None
             else None,

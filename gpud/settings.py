@@ -32,6 +32,21 @@ class SettingsError(ValueError):
     """A setting a person gave that cannot work; the message names it."""
 
 
+def parse_port_span(text: str) -> tuple[int, int]:
+    """`29500-30499` (or one port, `29500`) as (first, last), both within 1024-65535."""
+    first, sep, last = text.strip().partition("-")
+    try:
+        span = int(first), int(last if sep else first)
+    except ValueError:
+        span = (0, -1)
+    if not 1024 <= span[0] <= span[1] <= 65535:
+        raise ValueError(
+            f"expected FIRST-LAST, ports from 1024 to 65535 with FIRST <= LAST"
+            f" (e.g. 29500-30499); got {text!r}"
+        )
+    return span
+
+
 def default_node_name() -> str:
     name = socket.gethostname().split(".")[0] or "localhost"
     return re.sub(r"[^A-Za-z0-9_.\-]", "-", name)[:63]
@@ -104,6 +119,11 @@ class ServeSettings(BaseModel):
         " full_steps, interval_minutes",
     )
     insecure: bool = Field(False, description="no CURVE; refused unless both are loopback")
+    master_ports: str = Field(
+        "29500-30499",
+        description="FIRST-LAST: the ports this node hands runs as MASTER_PORT (their"
+        " rendezvous, when it is node 0); those the firewall opens between nodes",
+    )
     log_level: str = Field("info", description="debug, info, warning or error")
 
     @field_validator("control", "events")
@@ -169,6 +189,16 @@ class ServeSettings(BaseModel):
                 "or digit): it becomes part of event topics"
             )
         return value
+
+    @field_validator("master_ports", mode="before")
+    @classmethod
+    def _master_ports(cls, value: object) -> str:
+        first, last = parse_port_span(str(value))
+        return f"{first}-{last}"
+
+    def master_port_range(self) -> range:
+        first, last = parse_port_span(self.master_ports)
+        return range(first, last + 1)
 
     @field_validator("log_level")
     @classmethod

@@ -124,6 +124,7 @@ def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
         (["--simulate-gpus", "0"], "simulate_gpus"),
         (["--control", "http://x"], "only tcp:// and ipc://"),
         (["--config", "/nonexistent/gpud.yaml"], "does not exist"),
+        (["--master-ports", "29500-29000"], "master_ports"),
     ],
 )
 def test_bad_settings_exit_2_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:

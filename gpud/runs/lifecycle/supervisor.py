@@ -43,7 +43,7 @@ from gpud.runs.lifecycle.starting import PartStarter
 from gpud.runs.multinode import gang
 from gpud.runs.placement.gpus import Gpu
 from gpud.runs.placement.leases import GpuLeases
-from gpud.runs.placement.ports import NoFreePort, master_host, pick_port
+from gpud.runs.placement.ports import PORT_RANGE, NoFreePort, master_host, pick_port
 from gpud.runs.state.book import Publish, RunBook, check_coordinator, check_member
 from gpud.runs.state.checkpoints import ResumePoint, explicit_checkpoint, unset_dir_warning
 from gpud.runs.state.part import Outcome, Part, reap_shims
@@ -108,8 +108,10 @@ class Supervisor:
         attach: AttachConfig | None = None,
         ledger: CpuLedger | None = None,
         logs_max_bytes: int = DEFAULT_LOG_MAX_BYTES,
+        master_ports: range = PORT_RANGE,
     ) -> None:
         self.node = node
+        self.master_ports = master_ports
         self.ledger = ledger or CpuLedger()
         self.state = state
         self.store = store
@@ -228,6 +230,9 @@ class Supervisor:
     def state_full(self) -> str | None:
         return self.starter.state_full()
 
+    def free_master_port(self) -> int:
+        return pick_port(self.store.leased_ports(), ports=self.master_ports)
+
     def reserve_gpus(
         self, run: RunRecord, spec: RunSpec, attempt: int, key: tuple[float, str]
     ) -> list[Gpu]:
@@ -282,7 +287,7 @@ class Supervisor:
             started = await self.start_launched(RunStartRequest(run=run_id, queue=queue), caller)
             return started.model_copy(update={"warnings": warnings})
         try:
-            port = pick_port(self.store.leased_ports())
+            port = self.free_master_port()
         except NoFreePort as exc:
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None
         if req.dry_run:

@@ -37,7 +37,7 @@ from gpud.runs.multinode.local import HealthSink, LocalParts
 from gpud.runs.multinode.peer_stops import RETRY_S, PeerStops
 from gpud.runs.multinode.peers import PeerLink, PeerLinks, each
 from gpud.runs.multinode.reserving import Reservations
-from gpud.runs.placement.ports import NoFreePort, master_host, pick_port
+from gpud.runs.placement.ports import NoFreePort, master_host
 from gpud.runs.state.book import RunBook
 from gpud.runs.state.checkpoints import resume_point
 from gpud.security.keys import KeyPair
@@ -624,7 +624,7 @@ class Gang:
             )
             why_out.update(failing)
         try:
-            port = pick_port(self.book.store.leased_ports())
+            port = self.local.free_master_port()
         except NoFreePort as exc:
             await self.reservations.release(run, attempt)
             raise ProtocolError(ErrorCode.UNAVAILABLE, str(exc)) from None

@@ -71,5 +71,10 @@ class LocalParts(Protocol):
         """Why the state dir cannot take more, or None: it has room."""
         ...
 
+    def free_master_port(self) -> int:
+        """A port for a rendezvous from the daemon's `--master-ports`: not leased here,
+        free, and claimed host-wide; `NoFreePort` when none is."""
+        ...
+
 
 HealthSink = Callable[[str, dict[int, PartHealth]], None]

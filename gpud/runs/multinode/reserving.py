@@ -22,7 +22,7 @@ from gpud.model.run import RunRecord
 from gpud.runs.multinode import elastic
 from gpud.runs.multinode.local import LocalParts
 from gpud.runs.multinode.peers import PeerLink, PeerLinks, each
-from gpud.runs.placement.ports import NoFreePort, pick_port
+from gpud.runs.placement.ports import NoFreePort
 from gpud.runs.state.book import RunBook
 from gpud.wire.client import ClientError, RequestFailed
 from gpud.wire.envelope import ErrorCode, ProtocolError
@@ -132,7 +132,7 @@ class Reservations:
         below its peers, or with a GPU that failed its check, is left out of an elastic
         attempt if enough are left; otherwise it is named and the attempt starts as it is."""
         try:
-            master = f"{master_addr}:{pick_port(self.book.store.leased_ports())}"
+            master = f"{master_addr}:{self.local.free_master_port()}"
         except NoFreePort:
             return members, words, {}
 

@@ -92,7 +92,11 @@ CLAIMS = HostClaims()
 
 
 def bindable(port: int) -> bool:
+    """Whether torchrun's store could listen on `port` now: bound as it binds, with
+    SO_REUSEADDR, so the TIME_WAIT a stopped run's connections leave (60 s) does not keep
+    its port from the next run, and a port another program listens on is still taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
         except OSError:
@@ -101,18 +105,25 @@ def bindable(port: int) -> bool:
 
 
 def pick_port(
-    leased: Iterable[int], rng: random.Random | None = None, claims: HostClaims = CLAIMS
+    leased: Iterable[int],
+    rng: random.Random | None = None,
+    claims: HostClaims = CLAIMS,
+    ports: range | None = None,
 ) -> int:
-    """A free port from PORT_RANGE that no run of this daemon has leased and no other gpud
-    on the host has just picked; claimed host-wide (random start, so restarts rarely
-    reuse one)."""
+    """A free port of `ports` (the daemon's `--master-ports`, PORT_RANGE by default) that
+    no run of this daemon has leased and no other gpud on the host has just picked;
+    claimed host-wide (random start, so restarts rarely reuse one)."""
     taken = set(leased)
-    ports = list(PORT_RANGE)
-    start = (rng or random).randrange(len(ports))
-    for port in ports[start:] + ports[:start]:
+    span = ports if ports is not None else PORT_RANGE
+    candidates = list(span)
+    start = (rng or random).randrange(len(candidates))
+    for port in candidates[start:] + candidates[:start]:
         if port not in taken and bindable(port) and claims.claim(port):
             return port
-    raise NoFreePort(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1}")
+    raise NoFreePort(
+        f"no free MASTER_PORT in {span.start}-{span.stop - 1} (the daemon's --master-ports):"
+        " every one is leased to a run, bound, or just picked by another gpud on this host"
+    )
 
 
 def master_host(spec: RunSpec, nodes: list[NodeRef]) -> str:

@@ -15,6 +15,8 @@ def test_defaults_are_loopback_and_secure(tmp_path: Path) -> None:
     assert s.insecure is False and s.interval == 1.0 and s.simulate_gpus is None
     assert s.logs_max_bytes == 100_000_000
     assert build_settings({"logs_max_bytes": "2GiB"}).logs_max_bytes == 2 * 1024**3
+    assert s.master_port_range() == range(29500, 30500)
+    assert build_settings({"master_ports": " 40000 "}).master_port_range() == range(40000, 40001)
 
 
 @pytest.mark.parametrize(
@@ -30,6 +32,9 @@ def test_defaults_are_loopback_and_secure(tmp_path: Path) -> None:
         ({"log_level": "loud"}, "log_level"),
         ({"logs_max_bytes": "1kB"}, "'1kB' is below the least bound, 64 kB"),
         ({"colour": "blue"}, "colour"),
+        ({"master_ports": "30000-29000"}, "master_ports: Value error, expected FIRST-LAST"),
+        ({"master_ports": "80-90"}, "from 1024 to 65535"),
+        ({"master_ports": "29500-"}, "got '29500-'"),
     ],
 )
 def test_bad_settings_get_one_line_naming_the_setting(

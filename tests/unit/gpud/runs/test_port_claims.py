@@ -6,6 +6,8 @@ process running the same pick with the same random start."""
 from __future__ import annotations
 
 import random
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -63,3 +65,23 @@ def test_a_claim_lapses_after_claim_s_and_is_held_until_then() -> None:
     second.close()
     assert first.claim(port)
     first.close()
+
+
+def test_a_port_in_time_wait_is_free_and_a_listened_one_is_not() -> None:
+    """As torchrun's store binds (SO_REUSEADDR): a stopped run's port serves the next run
+    at once, not 60 s later; a port some program listens on is skipped."""
+    with socket.socket() as listener:
+        # As torchrun's TCPStore listens (c10d sets SO_REUSEADDR): the TIME_WAIT its
+        # connections leave keeps the flag, and a bind that sets it too may reuse the port.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert not ports.bindable(port)
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = listener.accept()
+            accepted.close()  # the store's side closes first: its end waits in TIME_WAIT
+    assert "TIME-WAIT" in subprocess.run(
+        ["ss", "-tan", f"sport = :{port}"], capture_output=True, text=True
+    ).stdout or not shutil.which("ss")
+    assert ports.bindable(port)
