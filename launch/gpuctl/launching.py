@@ -339,7 +339,8 @@ def launch_command(
         return
     run = reply.run
     if ctl.json and not wait:
-        emit_json({"run": run})
+        # The rendezvous a script may need (its port is None while the run is queued).
+        emit_json({"run": run, "master": {"addr": reply.master_addr, "port": reply.master_port}})
         return
     if not ctl.json:
         where = ", ".join(t.label for t in targets)

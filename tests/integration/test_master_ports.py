@@ -6,6 +6,7 @@ run has stopped."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable
@@ -57,7 +58,10 @@ def test_runs_get_their_master_port_from_the_daemons_range(
     assert len(full.stderr.strip().splitlines()) == 1, full.stderr
     assert status(daemon, run_id).run.state.value == "running"
 
+    # Stopped, its port serves the next run at once; a script reads which from --json.
     force_stop(daemon, run_id)
-    again, given = _launch(daemon, spec)
-    assert given == port
-    force_stop(daemon, again)
+    launched = gpuctl("--node", daemon.address, "--json", "launch", str(spec))
+    assert launched.returncode == 0, launched.stderr
+    reply = json.loads(launched.stdout)
+    assert reply["master"] == {"addr": "127.0.0.1", "port": port}, reply
+    force_stop(daemon, reply["run"]["id"])
