@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,12 +26,12 @@ while True:
 """
 
 
-def _launch(daemon: RunningDaemon, spec: Path) -> tuple[str, int]:
-    """`gpuctl launch`: the run's id and the MASTER_PORT it says it gave the run."""
-    done = gpuctl("--node", daemon.address, "launch", str(spec))
-    said = re.fullmatch(r"launched (\S+) on 1 node\(s\) \(.*\); master (\S+):(\d+)\n", done.stdout)
-    assert done.returncode == 0 and said, (done.stdout, done.stderr)
-    return said[1], int(said[3])
+def _launch(daemon: RunningDaemon, spec: Path) -> tuple[str, dict[str, object]]:
+    """`gpuctl --json launch`: the run's id and the rendezvous it says the run got."""
+    done = gpuctl("--node", daemon.address, "--json", "launch", str(spec))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    reply = json.loads(done.stdout)
+    return str(reply["run"]["id"]), reply["master"]
 
 
 def test_runs_get_their_master_port_from_the_daemons_range(
@@ -44,8 +43,8 @@ def test_runs_get_their_master_port_from_the_daemons_range(
     port = next(p for p in range(start, start + 1000) if bindable(p))
     daemon = daemons(extra=("--master-ports", f"{port}-{port}"))
     spec = script_spec(tmp_path, SAYS_ITS_PORT, name="says-port", launcher="torchrun")
-    run_id, given = _launch(daemon, spec)
-    assert given == port
+    run_id, master = _launch(daemon, spec)
+    assert master == {"addr": "127.0.0.1", "port": port}
     wait_for(daemon, run_id, {"running"})
     logs = ("--node", daemon.address, "logs", run_id)
     until("the rank's MASTER_PORT", lambda: f"master port {port}" in gpuctl(*logs).stdout)
@@ -58,10 +57,8 @@ def test_runs_get_their_master_port_from_the_daemons_range(
     assert len(full.stderr.strip().splitlines()) == 1, full.stderr
     assert status(daemon, run_id).run.state.value == "running"
 
-    # Stopped, its port serves the next run at once; a script reads which from --json.
+    # Stopped, its port serves the next run at once.
     force_stop(daemon, run_id)
-    launched = gpuctl("--node", daemon.address, "--json", "launch", str(spec))
-    assert launched.returncode == 0, launched.stderr
-    reply = json.loads(launched.stdout)
-    assert reply["master"] == {"addr": "127.0.0.1", "port": port}, reply
-    force_stop(daemon, reply["run"]["id"])
+    again, master = _launch(daemon, spec)
+    assert master == {"addr": "127.0.0.1", "port": port}
+    force_stop(daemon, again)
